@@ -1,0 +1,38 @@
+# Two commands set everything up on a fresh machine with Python 3.11 and pip:
+#   make serve   - create .venv, install the server, start it on the default ports
+#   make test    - create .venv, install server + test tools, run the whole suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: serve test bench proto clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# One stamp per extra set, remade when pyproject.toml changes.
+$(VENV)/.server: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[server]"
+	touch $@
+
+$(VENV)/.dev: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
+	touch $@ $(VENV)/.server
+
+serve: $(VENV)/.server
+	$(BIN)/sparseserve serve
+
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Peers (scipy, torch) are optional for the benchmarks: missing ones are reported and skipped.
+bench: $(VENV)/.dev
+	$(BIN)/python -m bench
+
+proto: $(VENV)/.dev
+	$(BIN)/python tools/gen_proto.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

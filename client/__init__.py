@@ -1,0 +1,23 @@
+"""sparseserve: the Python SDK of the sparse tensor compute service.
+
+>>> from sparseserve import Client, SparseTensor
+>>> with Client("localhost:50051") as c:          # "http://localhost:8000" speaks REST
+...     st = SparseTensor(indices=[[1, 2], [0, 0]], values=[2.0, 1.0], dense_shape=[3, 4])
+...     c.reorder(st)
+"""
+
+from . import errors
+from ._client import AsyncClient, Client, RemoteTensor
+from ._tensor import HandleRef, SparseTensor
+from .errors import (DeadlineExceededError, InternalError, InvalidArgumentError, NotFoundError,
+                     PermissionDeniedError, ResourceExhaustedError, SparseServeError,
+                     UnauthenticatedError, UnavailableError, UnimplementedError)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "AsyncClient", "SparseTensor", "RemoteTensor", "HandleRef", "errors",
+    "SparseServeError", "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError",
+    "UnauthenticatedError", "PermissionDeniedError", "UnimplementedError", "UnavailableError",
+    "DeadlineExceededError", "InternalError",
+]

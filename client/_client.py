@@ -1,0 +1,370 @@
+"""``Client`` and ``AsyncClient``: one surface over gRPC and REST (SPEC section 7).
+
+The op methods are not written here: they come from the server's catalogue
+(``ListOps``), so a new server op is callable with no SDK change, by method
+(``c.reorder(st)``) or by name (``c.call("reorder", st)``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import httpx
+
+from . import _wire
+from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks, tensor_to_pb
+from ._convert import as_tensor, is_tensor_like
+from ._json import tensor_to_json
+from ._tensor import HandleRef
+from .errors import SparseServeError
+from .v1 import sparseserve_pb2 as pb
+from .v1 import sparseserve_pb2_grpc as pb_grpc
+
+__all__ = ["Client", "AsyncClient", "RemoteTensor"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteTensor(HandleRef):
+    """A tensor kept on the server; pass it to any op in place of the tensor itself."""
+
+    nbytes: int = 0
+    client: Any = field(default=None, repr=False)
+
+    def get(self):
+        """Fetch the tensor (``await`` it with an ``AsyncClient``)."""
+        return self.client.get(self)
+
+    def delete(self):
+        return self.client.delete(self)
+
+
+def _split_target(target: str) -> tuple[str, str]:
+    """(wire, address): "http(s)://..." speaks REST, "grpc://host:port" or "host:port" gRPC."""
+    if target.startswith(("http://", "https://")):
+        return "rest", target.rstrip("/")
+    if target.startswith("grpc://"):
+        return "grpc", target[len("grpc://"):]
+    return "grpc", target
+
+
+def _prepare(value: Any) -> Any:
+    """SDK inputs -> what the codecs send: tensor-likes become tensors, recursively in lists."""
+    if is_tensor_like(value):
+        return as_tensor(value)
+    if isinstance(value, (list, tuple)) and any(is_tensor_like(v) for v in value):
+        return [_prepare(v) for v in value]
+    return value
+
+
+def _handle_of(h: HandleRef | str) -> str:
+    return h.handle if isinstance(h, HandleRef) else str(h)
+
+
+class _Base:
+    """What both clients share: target parsing, the catalogue, binding, result shaping."""
+
+    def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None,
+                 encoding: str = "protobuf", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        if encoding not in ("protobuf", "json"):
+            raise ValueError("encoding must be 'protobuf' or 'json'")
+        self.target = target
+        self.wire, self._address = _split_target(target)
+        self.token = token
+        self.timeout = timeout
+        self.encoding = encoding
+        self.chunk_bytes = chunk_bytes
+        self._max_message_bytes = max_message_bytes
+        self._catalogue: dict[str, dict] | None = None
+        self.device: str | None = None
+        self._metadata = _wire.call_metadata(token)
+        self._headers = _wire.http_headers(token, encoding)
+        self._grpc_options = [("grpc.max_receive_message_length", max_message_bytes),
+                              ("grpc.max_send_message_length", max_message_bytes)]
+
+    # ------------------------------------------------------------ catalogue
+    def _set_catalogue(self, device: str, ops: list[dict]) -> dict[str, dict]:
+        self.device = device
+        self._catalogue = {op["name"]: op for op in ops}
+        return self._catalogue
+
+    def _bind(self, op: str, args: tuple, kwargs: dict, catalogue: dict | None) -> dict[str, Any]:
+        named = dict(kwargs)
+        if args:
+            if catalogue is None or op not in catalogue:
+                raise TypeError(f"{op}: positional arguments need the op in the server's catalogue; "
+                                "pass them by name")
+            names = [a["name"] for a in catalogue[op]["args"]]
+            if len(args) > len(names):
+                raise TypeError(f"{op} takes {len(names)} arguments, {len(args)} given")
+            for name, value in zip(names, args):
+                if name in named:
+                    raise TypeError(f"{op} got two values for argument {name!r}")
+                named[name] = value
+        return {k: _prepare(v) for k, v in named.items()}
+
+    def _shape_result(self, outputs: list[tuple[str, Any]]) -> Any:
+        values = tuple(RemoteTensor(v.handle, client=self) if isinstance(v, HandleRef) else v
+                       for _, v in outputs)
+        return values[0] if len(values) == 1 else values
+
+    def _method(self, op: dict, fn):
+        fn.__name__ = op["name"]
+        fn.__qualname__ = f"{type(self).__name__}.{op['name']}"
+        args = "\n".join(f"    {a['name']} ({a['type']}): {a['doc']}" for a in op["args"])
+        outs = "\n".join(f"    {o['name']} ({o['type']}): {o['doc']}" for o in op["outputs"])
+        fn.__doc__ = f"{op['doc']}\n\nArguments:\n{args}\n\nReturns:\n{outs}"
+        params = [inspect.Parameter(a["name"], inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    default=inspect.Parameter.empty if a["required"] else a["default"])
+                  for a in op["args"]]
+        params.append(inspect.Parameter("keep", inspect.Parameter.KEYWORD_ONLY, default=False))
+        fn.__signature__ = inspect.Signature(params)
+        return fn
+
+    def _op_attr(self, name: str, catalogue: dict):
+        if name.startswith("_") or name not in catalogue:
+            raise AttributeError(f"{type(self).__name__} has no attribute or op {name!r}")
+        return catalogue[name]
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self._catalogue or ()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.target!r})"
+
+
+class Client(_Base):
+    """A blocking client.
+
+    ``Client("localhost:50051")`` speaks gRPC; ``Client("http://localhost:8000")``
+    speaks REST (protobuf bodies by default, ``encoding="json"`` for JSON).
+    """
+
+    def __init__(self, target: str, **kwargs: Any):
+        super().__init__(target, **kwargs)
+        if self.wire == "grpc":
+            self._channel = grpc.insecure_channel(self._address, options=self._grpc_options)
+            self._stub = pb_grpc.SparseServiceStub(self._channel)
+        else:
+            self._http = httpx.Client(base_url=self._address, timeout=self.timeout, headers=self._headers)
+
+    # ---------------------------------------------------------------- IO
+    def _grpc(self, method, request):
+        try:
+            return method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise _wire.grpc_error(exc) from None
+
+    def _http_call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise _wire.transport_error(exc) from None
+        if response.status_code >= 400:
+            raise _wire.http_error(response.status_code, response.content)
+        return response
+
+    def list_ops(self) -> dict[str, dict]:
+        """The server's op catalogue, by name (fetched once, then cached)."""
+        if self._catalogue is None:
+            if self.wire == "grpc":
+                device, ops = _wire.catalogue_from_pb(self._grpc(self._stub.ListOps, pb.ListOpsRequest()))
+            else:
+                body = self._http_call("GET", "/v1/ops", headers={"accept": "application/json"}).json()
+                device, ops = body["device"], body["ops"]
+            self._set_catalogue(device, ops)
+        return self._catalogue
+
+    def call(self, op: str, *args: Any, keep: bool = False, **kwargs: Any) -> Any:
+        """Run any op by name; several outputs come back as a tuple in declared order."""
+        named = self._bind(op, args, kwargs, self.list_ops() if args else self._catalogue)
+        if self.wire == "grpc":
+            request = _wire.execute_request(op, named, keep)
+            outputs = _wire.outputs_from_pb(self._grpc(self._stub.Execute, request))
+        elif self.encoding == "protobuf":
+            body = _wire.execute_request(op, named, keep).SerializeToString()
+            response = self._http_call("POST", f"/v1/ops/{op}", content=body,
+                                       headers={"content-type": _wire.PROTOBUF})
+            reply = pb.ExecuteResponse()
+            reply.ParseFromString(response.content)
+            outputs = _wire.outputs_from_pb(reply)
+        else:
+            response = self._http_call("POST", f"/v1/ops/{op}", content=_wire.json_body(named),
+                                       params={"keep": "true"} if keep else None,
+                                       headers={"content-type": "application/json"})
+            outputs = _wire.outputs_from_json(response.json())
+        return self._shape_result(outputs)
+
+    def __getattr__(self, name: str):
+        op = self._op_attr(name, self.list_ops() if not name.startswith("_") else {})
+        return self._method(op, lambda *a, keep=False, **k: self.call(name, *a, keep=keep, **k))
+
+    def put(self, tensor: Any) -> RemoteTensor:
+        """Keep a tensor on the server (any size: gRPC streams it in chunks)."""
+        tensor = as_tensor(tensor)
+        if self.wire == "grpc":
+            try:
+                reply = self._stub.Upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
+                                          metadata=self._metadata)
+            except grpc.RpcError as exc:
+                raise _wire.grpc_error(exc) from None
+            return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
+        if self.encoding == "protobuf":
+            content, ctype = tensor_to_pb(tensor).SerializeToString(), _wire.PROTOBUF
+        else:
+            content, ctype = json.dumps(tensor_to_json(tensor)).encode(), "application/json"
+        body = self._http_call("POST", "/v1/tensors", content=content, headers={
+            "content-type": ctype, "accept": "application/json"}).json()
+        return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
+
+    def get(self, handle: HandleRef | str) -> Any:
+        """Fetch a kept tensor."""
+        if self.wire == "grpc":
+            try:
+                stream = self._stub.Download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
+                                             metadata=self._metadata)
+                return assemble(stream, "tensor")
+            except grpc.RpcError as exc:
+                raise _wire.grpc_error(exc) from None
+        response = self._http_call("GET", f"/v1/tensors/{_handle_of(handle)}")
+        return _wire.decode_rest_tensor(response.content, response.headers.get("content-type", ""))
+
+    def delete(self, handle: HandleRef | str) -> None:
+        """Free a kept tensor."""
+        if self.wire == "grpc":
+            self._grpc(self._stub.Delete, pb.DeleteRequest(handle=_handle_of(handle)))
+        else:
+            self._http_call("DELETE", f"/v1/tensors/{_handle_of(handle)}")
+
+    def close(self) -> None:
+        if self.wire == "grpc":
+            self._channel.close()
+        else:
+            self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient(_Base):
+    """The same surface as ``Client``, with ``await``; op methods need ``await c.list_ops()`` first
+    (or use ``await c.call(name, ...)``, which needs nothing)."""
+
+    def __init__(self, target: str, **kwargs: Any):
+        super().__init__(target, **kwargs)
+        if self.wire == "grpc":
+            self._channel = grpc.aio.insecure_channel(self._address, options=self._grpc_options)
+            self._stub = pb_grpc.SparseServiceStub(self._channel)
+        else:
+            self._http = httpx.AsyncClient(base_url=self._address, timeout=self.timeout,
+                                           headers=self._headers)
+
+    async def _grpc(self, method, request):
+        try:
+            return await method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise _wire.grpc_error(exc) from None
+
+    async def _http_call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise _wire.transport_error(exc) from None
+        if response.status_code >= 400:
+            raise _wire.http_error(response.status_code, response.content)
+        return response
+
+    async def list_ops(self) -> dict[str, dict]:
+        if self._catalogue is None:
+            if self.wire == "grpc":
+                device, ops = _wire.catalogue_from_pb(await self._grpc(self._stub.ListOps, pb.ListOpsRequest()))
+            else:
+                body = (await self._http_call("GET", "/v1/ops", headers={"accept": "application/json"})).json()
+                device, ops = body["device"], body["ops"]
+            self._set_catalogue(device, ops)
+        return self._catalogue
+
+    async def call(self, op: str, *args: Any, keep: bool = False, **kwargs: Any) -> Any:
+        named = self._bind(op, args, kwargs, (await self.list_ops()) if args else self._catalogue)
+        if self.wire == "grpc":
+            reply = await self._grpc(self._stub.Execute, _wire.execute_request(op, named, keep))
+            outputs = _wire.outputs_from_pb(reply)
+        elif self.encoding == "protobuf":
+            body = _wire.execute_request(op, named, keep).SerializeToString()
+            response = await self._http_call("POST", f"/v1/ops/{op}", content=body,
+                                             headers={"content-type": _wire.PROTOBUF})
+            reply = pb.ExecuteResponse()
+            reply.ParseFromString(response.content)
+            outputs = _wire.outputs_from_pb(reply)
+        else:
+            response = await self._http_call("POST", f"/v1/ops/{op}", content=_wire.json_body(named),
+                                             params={"keep": "true"} if keep else None,
+                                             headers={"content-type": "application/json"})
+            outputs = _wire.outputs_from_json(response.json())
+        return self._shape_result(outputs)
+
+    def __getattr__(self, name: str):
+        if self._catalogue is None and not name.startswith("_"):
+            raise AttributeError(f"{name!r}: call `await client.list_ops()` once before using op "
+                                 "methods, or use `await client.call(name, ...)`")
+        op = self._op_attr(name, self._catalogue or {})
+
+        async def method(*a, keep=False, **k):
+            return await self.call(name, *a, keep=keep, **k)
+
+        return self._method(op, method)
+
+    async def put(self, tensor: Any) -> RemoteTensor:
+        tensor = as_tensor(tensor)
+        if self.wire == "grpc":
+            try:
+                reply = await self._stub.Upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
+                                                metadata=self._metadata)
+            except grpc.RpcError as exc:
+                raise _wire.grpc_error(exc) from None
+            return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
+        if self.encoding == "protobuf":
+            content, ctype = tensor_to_pb(tensor).SerializeToString(), _wire.PROTOBUF
+        else:
+            content, ctype = json.dumps(tensor_to_json(tensor)).encode(), "application/json"
+        body = (await self._http_call("POST", "/v1/tensors", content=content, headers={
+            "content-type": ctype, "accept": "application/json"})).json()
+        return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
+
+    async def get(self, handle: HandleRef | str) -> Any:
+        if self.wire == "grpc":
+            try:
+                call = self._stub.Download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
+                                           metadata=self._metadata)
+                return assemble([chunk async for chunk in call], "tensor")
+            except grpc.RpcError as exc:
+                raise _wire.grpc_error(exc) from None
+        response = await self._http_call("GET", f"/v1/tensors/{_handle_of(handle)}")
+        return _wire.decode_rest_tensor(response.content, response.headers.get("content-type", ""))
+
+    async def delete(self, handle: HandleRef | str) -> None:
+        if self.wire == "grpc":
+            await self._grpc(self._stub.Delete, pb.DeleteRequest(handle=_handle_of(handle)))
+        else:
+            await self._http_call("DELETE", f"/v1/tensors/{_handle_of(handle)}")
+
+    async def close(self) -> None:
+        if self.wire == "grpc":
+            await self._channel.close()
+        else:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

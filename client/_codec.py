@@ -1,0 +1,280 @@
+"""Protobuf codec: tensors and argument values <-> ``sparseserve.v1`` messages.
+
+Decoding never loops over elements: an ``Array``'s bytes become a numpy view
+with ``np.frombuffer`` after its dtype, shape and byte length are checked.
+The chunked framing of ``Upload``/``Download`` lives here too, so the SDK and
+the server assemble streams the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from ._dtypes import DTYPE_NAMES, check_supported, dtype_from_name
+from ._tensor import HandleRef, SparseTensor
+from ._validate import check_shape
+from .errors import InvalidArgumentError, ResourceExhaustedError
+from .v1 import sparseserve_pb2 as pb
+
+__all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
+           "value_from_pb", "iter_chunks", "ChunkAssembler", "DEFAULT_CHUNK_BYTES"]
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+_LAYOUT_TO_PB = {"coo": pb.COO, "csr": pb.CSR, "csc": pb.CSC, "bsr": pb.BSR, "bsc": pb.BSC}
+_LAYOUT_FROM_PB = {v: k for k, v in _LAYOUT_TO_PB.items()} | {pb.LAYOUT_UNSPECIFIED: "coo"}
+_DTYPE_TO_PB = {name: pb.DType.Value(name.upper()) for name in DTYPE_NAMES}
+_DTYPE_FROM_PB = {v: k for k, v in _DTYPE_TO_PB.items()}
+
+
+# ------------------------------------------------------------------ arrays
+def _wire_array(a: np.ndarray) -> np.ndarray:
+    """Little-endian, C-contiguous, native-named dtype: what goes on the wire."""
+    a = np.asarray(a)
+    dtype = check_supported(a.dtype, "array")
+    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and np.little_endian is False):
+        a = a.astype(dtype.newbyteorder("<"))
+    # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def _array_header(a: np.ndarray) -> pb.Array:
+    return pb.Array(dtype=_DTYPE_TO_PB[a.dtype.newbyteorder("=").name], shape=a.shape)
+
+
+def array_to_pb(a: np.ndarray, *, with_data: bool = True) -> pb.Array:
+    a = _wire_array(a)
+    msg = _array_header(a)
+    if with_data:
+        msg.data = a.tobytes()
+    return msg
+
+
+def _array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, byte length) that an Array header announces, after checking it."""
+    if msg.dtype not in _DTYPE_FROM_PB:
+        raise InvalidArgumentError(f"{name}.dtype = {msg.dtype} is not a supported dtype",
+                                   reason="BAD_DTYPE")
+    dtype = np.dtype(_DTYPE_FROM_PB[msg.dtype]).newbyteorder("<")
+    shape = check_shape(msg.shape, f"{name}.shape")
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize if shape else dtype.itemsize
+    return dtype, shape, nbytes
+
+
+def array_from_pb(msg: pb.Array, name: str) -> np.ndarray:
+    dtype, shape, nbytes = _array_spec(msg, name)
+    if len(msg.data) != nbytes:
+        raise InvalidArgumentError(
+            f"{name}.data has {len(msg.data)} bytes but dtype {dtype.name} and shape {list(shape)} "
+            f"imply {nbytes}", reason="BUFFER_LENGTH")
+    return _view(msg.data, dtype, shape)
+
+
+def _view(buffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    # Native order for the kernels (a no-op on little-endian machines).
+    return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
+
+
+# ------------------------------------------------------------------ tensors
+def tensor_to_pb(t: Any, *, with_data: bool = True) -> pb.Tensor:
+    """``SparseTensor``, ``numpy.ndarray`` or ``HandleRef`` -> ``Tensor`` message."""
+    if isinstance(t, HandleRef):
+        return pb.Tensor(handle=t.handle)
+    if isinstance(t, SparseTensor):
+        sp = pb.SparseTensor(layout=_LAYOUT_TO_PB[t.layout], dense_shape=t.dense_shape,
+                             coalesced=t.coalesced)
+        sp.values.CopyFrom(array_to_pb(t.values, with_data=with_data))
+        if t.layout == "coo":
+            sp.indices.CopyFrom(array_to_pb(t.indices, with_data=with_data))
+        else:
+            sp.compressed_indices.CopyFrom(array_to_pb(t.compressed_indices, with_data=with_data))
+            sp.plain_indices.CopyFrom(array_to_pb(t.plain_indices, with_data=with_data))
+            if t.blocksize is not None:
+                sp.blocksize.extend(t.blocksize)
+        return pb.Tensor(sparse=sp)
+    return pb.Tensor(dense=array_to_pb(np.asarray(t), with_data=with_data))
+
+
+def _sparse_fields(sp: pb.SparseTensor) -> tuple[str, ...]:
+    layout = _LAYOUT_FROM_PB.get(sp.layout)
+    return ("indices", "values") if layout == "coo" else ("compressed_indices", "plain_indices", "values")
+
+
+def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name: str) -> SparseTensor:
+    layout = _LAYOUT_FROM_PB.get(sp.layout)
+    if layout is None:
+        raise InvalidArgumentError(f"{name}.layout = {sp.layout} is not a known layout",
+                                   reason="BAD_LAYOUT")
+    shape = check_shape(sp.dense_shape, f"{name}.dense_shape")
+    blocksize = tuple(sp.blocksize) if len(sp.blocksize) else None
+    if layout == "coo":
+        return SparseTensor(indices=arrays["indices"], values=arrays["values"], dense_shape=shape,
+                            coalesced=sp.coalesced, blocksize=blocksize)
+    return SparseTensor(layout=layout, compressed_indices=arrays["compressed_indices"],
+                        plain_indices=arrays["plain_indices"], values=arrays["values"],
+                        dense_shape=shape, blocksize=blocksize, coalesced=sp.coalesced)
+
+
+def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | HandleRef:
+    """Decode a ``Tensor`` message. Structural checks only; the server then runs ``check_sparse``."""
+    kind = msg.WhichOneof("kind")
+    if kind == "handle":
+        return HandleRef(msg.handle)
+    if kind == "dense":
+        return array_from_pb(msg.dense, name)
+    if kind == "sparse":
+        sp = msg.sparse
+        arrays = {f: array_from_pb(getattr(sp, f), f"{name}.{f}") for f in _sparse_fields(sp)}
+        return _sparse_from_arrays(sp, arrays, name)
+    raise InvalidArgumentError(f"{name} is an empty Tensor message: set sparse, dense or handle",
+                               reason="MISSING_TENSOR")
+
+
+# ------------------------------------------------------------------ argument values
+def value_to_pb(v: Any) -> pb.Value:
+    """A Python argument -> ``Value``. Tensor-likes must already be converted (see ``_convert``)."""
+    if v is None:
+        return pb.Value(null_value=True)
+    if isinstance(v, (bool, np.bool_)):
+        return pb.Value(bool_value=bool(v))
+    if isinstance(v, int):
+        return pb.Value(int_value=v)
+    if isinstance(v, float):
+        return pb.Value(float_value=v)
+    if isinstance(v, str):
+        return pb.Value(string_value=v)
+    if isinstance(v, (SparseTensor, HandleRef, np.ndarray)):
+        return pb.Value(tensor=tensor_to_pb(v))
+    if isinstance(v, (np.generic, complex)):
+        # Scalars whose dtype matters (np.float32(1), 1+2j) travel as 0-d arrays.
+        return pb.Value(tensor=tensor_to_pb(np.asarray(v)))
+    if isinstance(v, (list, tuple)):
+        return pb.Value(list_value=pb.ValueList(items=[value_to_pb(x) for x in v]))
+    raise TypeError(f"cannot send a {type(v).__name__} as an argument")
+
+
+def value_from_pb(msg: pb.Value, name: str) -> Any:
+    """``Value`` -> Python: scalars, lists, or decoded tensors (``tensor_from_pb``)."""
+    kind = msg.WhichOneof("kind")
+    if kind is None or kind == "null_value":
+        return None
+    if kind == "tensor":
+        return tensor_from_pb(msg.tensor, name)
+    if kind == "list_value":
+        return [value_from_pb(item, f"{name}[{i}]") for i, item in enumerate(msg.list_value.items)]
+    return getattr(msg, kind)
+
+
+# ------------------------------------------------------------------ chunked streams
+def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
+    """The ``TensorChunk`` stream of a tensor: a header, then the array bytes back to back."""
+    yield pb.TensorChunk(header=tensor_to_pb(t, with_data=False))
+    arrays = t.arrays() if isinstance(t, SparseTensor) else (t,)
+    for a in arrays:
+        flat = memoryview(_wire_array(a)).cast("B") if a.size else memoryview(b"")
+        for start in range(0, len(flat), chunk_bytes):
+            yield pb.TensorChunk(data=bytes(flat[start:start + chunk_bytes]))
+
+
+class ChunkAssembler:
+    """Rebuilds a tensor from a ``TensorChunk`` stream into exact-size buffers.
+
+    The header is checked and the total size compared with ``max_bytes``
+    before anything is allocated; each data chunk is copied once, straight to
+    its place. Every array gets its own buffer so that each stays aligned for
+    its dtype (the wire packs them back to back).
+    """
+
+    def __init__(self, name: str = "tensor", max_bytes: int | None = None):
+        self.name = name
+        self.max_bytes = max_bytes
+        self._header: pb.Tensor | None = None
+        self._specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
+        self._buffers: list[np.ndarray] = []
+        self._current = 0   # index of the buffer being filled
+        self._offset = 0    # bytes filled in that buffer
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(int(b.size) for b in self._buffers)
+
+    def add(self, chunk: pb.TensorChunk) -> None:
+        kind = chunk.WhichOneof("kind")
+        if kind == "header":
+            self._start(chunk.header)
+        elif kind == "data":
+            self._append(memoryview(chunk.data))
+        else:
+            raise InvalidArgumentError(f"{self.name}: empty TensorChunk", reason="BAD_STREAM")
+
+    def _start(self, header: pb.Tensor) -> None:
+        if self._header is not None:
+            raise InvalidArgumentError(f"{self.name}: a second header in one stream", reason="BAD_STREAM")
+        kind = header.WhichOneof("kind")
+        if kind == "sparse":
+            msgs = [(f, getattr(header.sparse, f)) for f in _sparse_fields(header.sparse)]
+        elif kind == "dense":
+            msgs = [("data", header.dense)]
+        else:
+            raise InvalidArgumentError(f"{self.name}: the stream header must be a sparse or dense "
+                                       "tensor", reason="BAD_STREAM")
+        sizes = []
+        for field, msg in msgs:
+            if msg.data:
+                raise InvalidArgumentError(f"{self.name}.{field}: a stream header carries no data",
+                                           reason="BAD_STREAM")
+            dtype, shape, nbytes = _array_spec(msg, f"{self.name}.{field}")
+            self._specs.append((field, dtype, shape))
+            sizes.append(nbytes)
+        if self.max_bytes is not None and sum(sizes) > self.max_bytes:
+            raise ResourceExhaustedError(
+                f"{self.name} would take {sum(sizes)} bytes, over the limit of {self.max_bytes} bytes",
+                reason="TENSOR_TOO_LARGE")
+        self._header = header
+        self._buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
+        self._skip_full()
+
+    def _skip_full(self) -> None:
+        while self._current < len(self._buffers) and self._offset == self._buffers[self._current].size:
+            self._current += 1
+            self._offset = 0
+
+    def _append(self, data: memoryview) -> None:
+        if self._header is None:
+            raise InvalidArgumentError(f"{self.name}: data before the header", reason="BAD_STREAM")
+        src = np.frombuffer(data, dtype=np.uint8)
+        while src.size:
+            if self._current == len(self._buffers):
+                raise InvalidArgumentError(
+                    f"{self.name}: the stream sends more than the {self.total_bytes} bytes its "
+                    "header announces", reason="BUFFER_LENGTH")
+            buf = self._buffers[self._current]
+            n = min(src.size, buf.size - self._offset)
+            buf[self._offset:self._offset + n] = src[:n]
+            self._offset += n
+            src = src[n:]
+            self._skip_full()
+
+    def finish(self) -> SparseTensor | np.ndarray:
+        if self._header is None:
+            raise InvalidArgumentError(f"{self.name}: the stream has no header", reason="BAD_STREAM")
+        if self._current != len(self._buffers):
+            received = sum(int(b.size) for b in self._buffers[:self._current]) + self._offset
+            raise InvalidArgumentError(
+                f"{self.name}: the stream ended after {received} of the {self.total_bytes} bytes "
+                "its header announces", reason="BUFFER_LENGTH")
+        arrays = {field: _view(buf, dtype, shape)
+                  for (field, dtype, shape), buf in zip(self._specs, self._buffers)}
+        if self._header.WhichOneof("kind") == "dense":
+            return arrays["data"]
+        return _sparse_from_arrays(self._header.sparse, arrays, self.name)
+
+
+def assemble(chunks: Iterable[pb.TensorChunk], name: str = "tensor",
+             max_bytes: int | None = None) -> SparseTensor | np.ndarray:
+    assembler = ChunkAssembler(name, max_bytes)
+    for chunk in chunks:
+        assembler.add(chunk)
+    return assembler.finish()

@@ -1,0 +1,179 @@
+"""The SPEC section 2 invariants, checked on every tensor that enters the server.
+
+Kernels (numba does no bounds checks) may assume whatever is checked here, so
+these checks are complete, not sampled, and use plain numpy: no kernel runs on
+a tensor that has not passed them. Each failure names the argument and the
+broken rule and carries a stable ``reason`` word.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._dtypes import INDEX_DTYPES, check_supported
+from ._tensor import BLOCK_LAYOUTS, LAYOUTS, SparseTensor
+from .errors import InvalidArgumentError
+
+__all__ = ["check_shape", "check_sparse", "check_dense", "INT64_MAX"]
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def _fail(message: str, reason: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message, reason=reason)
+
+
+def check_shape(shape, name: str) -> tuple[int, ...]:
+    """No negative dimension, and the element count fits in int64."""
+    shape = tuple(int(d) for d in shape)
+    total = 1
+    for axis, dim in enumerate(shape):
+        if dim < 0:
+            raise _fail(f"{name}[{axis}] = {dim} is negative", "NEGATIVE_DIMENSION")
+        total *= dim
+    if total > INT64_MAX:
+        raise _fail(f"{name} = {list(shape)} has {total} elements, more than int64 can count",
+                    "SHAPE_OVERFLOW")
+    return shape
+
+
+def check_dense(array: np.ndarray, name: str) -> np.ndarray:
+    check_supported(array.dtype, name)
+    check_shape(array.shape, f"{name}.shape")
+    return array
+
+
+def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
+
+
+def _check_index_range(indices: np.ndarray, limits: np.ndarray, name: str, limit_names: list[str]):
+    """Every ``indices[..., j]`` in ``[0, limits[j])``; the message names the first offender."""
+    if indices.size == 0:
+        return
+    # One min/max pass per column, no nnz-sized temporaries unless something is wrong.
+    flat = indices.reshape(-1, indices.shape[-1])
+    if bool(np.all(flat.min(axis=0) >= 0)) and bool(np.all(flat.max(axis=0) < limits)):
+        return
+    pos = _first_bad((indices < 0) | (indices >= limits))
+    column = pos[-1]
+    raise _fail(
+        f"{name}[{', '.join(map(str, pos))}] = {int(indices[pos])} is out of range for "
+        f"{limit_names[column]} = {int(limits[column])}",
+        "INDEX_OUT_OF_RANGE",
+    )
+
+
+def _check_values_shape(values: np.ndarray, expected: tuple[int, ...], name: str, why: str):
+    if tuple(values.shape) != expected:
+        raise _fail(f"{name}.values has shape {list(values.shape)} but {why} imply {list(expected)}",
+                    "VALUES_SHAPE_MISMATCH")
+
+
+def check_sparse(t: SparseTensor, name: str) -> SparseTensor:
+    """All SPEC section 2 invariants of a sparse tensor; raises ``InvalidArgumentError``."""
+    if t.layout not in LAYOUTS:
+        raise _fail(f"{name}.layout = {t.layout!r} is not one of {', '.join(LAYOUTS)}", "BAD_LAYOUT")
+    shape = check_shape(t.dense_shape, f"{name}.dense_shape")
+    check_supported(t.values.dtype, f"{name}.values")
+    if t.layout == "coo":
+        _check_coo(t, shape, name)
+    else:
+        _check_compressed(t, shape, name)
+    return t
+
+
+def _check_coo(t: SparseTensor, shape: tuple[int, ...], name: str):
+    idx = t.indices
+    if idx.dtype != np.int64:
+        raise _fail(f"{name}.indices has dtype {idx.dtype}; COO indices are int64", "INDEX_DTYPE")
+    if idx.ndim != 2:
+        raise _fail(f"{name}.indices has rank {idx.ndim}; COO indices are [nnz, sparse_ndim]",
+                    "INDICES_RANK")
+    nnz, sparse_ndim = idx.shape
+    if not 1 <= sparse_ndim <= len(shape):
+        raise _fail(
+            f"{name}.indices has {sparse_ndim} columns but dense_shape has rank {len(shape)}; "
+            f"sparse_ndim must be between 1 and the rank", "RANK_MISMATCH")
+    _check_values_shape(t.values, (nnz, *shape[sparse_ndim:]), name,
+                        f"nnz = {nnz} and dense_shape[{sparse_ndim}:]")
+    _check_index_range(idx, np.asarray(shape[:sparse_ndim], dtype=np.int64), f"{name}.indices",
+                       [f"{name}.dense_shape[{j}]" for j in range(sparse_ndim)])
+
+
+def _check_compressed(t: SparseTensor, shape: tuple[int, ...], name: str):
+    ci, pi = t.compressed_indices, t.plain_indices
+    for arr, field in ((ci, "compressed_indices"), (pi, "plain_indices")):
+        if arr.dtype not in INDEX_DTYPES:
+            raise _fail(f"{name}.{field} has dtype {arr.dtype}; index dtype must be int32 or int64",
+                        "INDEX_DTYPE")
+    if ci.dtype != pi.dtype:
+        raise _fail(f"{name}.compressed_indices ({ci.dtype}) and plain_indices ({pi.dtype}) "
+                    "must share one index dtype", "INDEX_DTYPE")
+    if ci.ndim < 1 or pi.ndim != ci.ndim:
+        raise _fail(f"{name}.compressed_indices has rank {ci.ndim} and plain_indices rank {pi.ndim}; "
+                    "both are [*batch, n] with the same batch dimensions", "INDICES_RANK")
+    batch = tuple(ci.shape[:-1])
+    if tuple(pi.shape[:-1]) != batch:
+        raise _fail(f"{name}.plain_indices batch shape {list(pi.shape[:-1])} differs from "
+                    f"compressed_indices batch shape {list(batch)}", "BATCH_MISMATCH")
+    nb = len(batch)
+    if len(shape) < nb + 2:
+        raise _fail(f"{name}.dense_shape has rank {len(shape)}; a {t.layout} tensor with {nb} batch "
+                    f"dimensions needs at least {nb + 2}", "RANK_MISMATCH")
+    if tuple(shape[:nb]) != batch:
+        raise _fail(f"{name}.dense_shape[:{nb}] = {list(shape[:nb])} differs from the index batch "
+                    f"shape {list(batch)}", "BATCH_MISMATCH")
+    rows, cols = shape[nb], shape[nb + 1]
+    block = (1, 1)
+    if t.layout in BLOCK_LAYOUTS:
+        bs = t.blocksize
+        if bs is None or len(bs) != 2 or min(bs) < 1:
+            raise _fail(f"{name}.blocksize = {None if bs is None else list(bs)} must be two positive "
+                        f"integers for layout {t.layout}", "BLOCKSIZE")
+        if rows % bs[0] or cols % bs[1]:
+            raise _fail(f"{name}.blocksize = {list(bs)} does not divide the sparse dimensions "
+                        f"{[rows, cols]}", "BLOCKSIZE")
+        block = tuple(bs)
+    elif t.blocksize is not None:
+        raise _fail(f"{name}.blocksize is only allowed for bsr and bsc, not {t.layout}", "BLOCKSIZE")
+    row_major = t.layout in ("csr", "bsr")
+    n_compressed = (rows // block[0]) if row_major else (cols // block[1])
+    n_plain = (cols // block[1]) if row_major else (rows // block[0])
+    if ci.shape[-1] != n_compressed + 1:
+        raise _fail(f"{name}.compressed_indices has {ci.shape[-1]} entries per batch; "
+                    f"{t.layout} of dense_shape {list(shape)} needs {n_compressed + 1}",
+                    "COMPRESSED_LENGTH")
+    nse = pi.shape[-1]
+    dense_dims = tuple(shape[nb + 2:])
+    value_block = block if t.layout in BLOCK_LAYOUTS else ()
+    _check_values_shape(t.values, (*batch, nse, *value_block, *dense_dims), name,
+                        "the batch shape, nse, blocksize and dense dimensions")
+    if ci.size:
+        # Python ints from here on: no overflow whatever the index dtype.
+        ci64 = ci.astype(np.int64, copy=False)
+        first = ci64[..., 0]
+        if np.any(first != 0):
+            pos = _first_bad(first != 0)
+            raise _fail(f"{name}.compressed_indices[{', '.join(map(str, pos + (0,)))}] = "
+                        f"{int(first[pos])}; compressed indices start at 0", "COMPRESSED_START")
+        steps = np.diff(ci64, axis=-1)
+        if steps.size and np.any(steps < 0):
+            pos = _first_bad(steps < 0)
+            raise _fail(f"{name}.compressed_indices decreases at position "
+                        f"[{', '.join(map(str, pos[:-1] + (pos[-1] + 1,)))}]; compressed indices "
+                        "never decrease", "COMPRESSED_DECREASING")
+        if steps.size and np.any(steps > n_plain):
+            pos = _first_bad(steps > n_plain)
+            raise _fail(f"{name}.compressed_indices steps by {int(steps[pos])} at position "
+                        f"[{', '.join(map(str, pos))}], more than the plain dimension {n_plain}",
+                        "COMPRESSED_STEP")
+        last = ci64[..., -1]
+        if np.any(last != nse):
+            pos = _first_bad(last != nse)
+            raise _fail(f"{name}.compressed_indices ends at {int(last[pos])} but nse = {nse}; "
+                        "compressed indices end at nse", "COMPRESSED_END")
+    if pi.size and (int(pi.min()) < 0 or int(pi.max()) >= n_plain):
+        pos = _first_bad((pi < 0) | (pi >= n_plain))
+        raise _fail(f"{name}.plain_indices[{', '.join(map(str, pos))}] = {int(pi[pos])} is out of "
+                    f"range for the plain dimension {n_plain}", "INDEX_OUT_OF_RANGE")

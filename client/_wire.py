@@ -1,0 +1,103 @@
+"""Sans-IO halves of the SDK's transports: building requests and reading
+replies for both wires. The sync and async clients share these and differ
+only in how they do IO."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import grpc
+
+from ._codec import tensor_from_pb, value_from_pb, value_to_pb
+from ._json import tensor_from_json, value_to_json
+from .errors import (REASON_METADATA_KEY, DeadlineExceededError, SparseServeError,
+                     UnavailableError, error_for_code, error_for_grpc_status)
+from .v1 import sparseserve_pb2 as pb
+
+PROTOBUF = "application/x-protobuf"
+_HTTP_TO_CODE = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED",
+                 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED",
+                 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
+                 504: "DEADLINE_EXCEEDED"}
+
+
+# ------------------------------------------------------------------ protobuf
+def execute_request(op: str, args: dict[str, Any], keep: bool) -> pb.ExecuteRequest:
+    return pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()})
+
+
+def outputs_from_pb(resp: pb.ExecuteResponse) -> list[tuple[str, Any]]:
+    return [(o.name, tensor_from_pb(o.tensor, o.name)) for o in resp.outputs]
+
+
+def catalogue_from_pb(resp: pb.ListOpsResponse) -> tuple[str, list[dict[str, Any]]]:
+    ops = []
+    for op in resp.ops:
+        ops.append({
+            "name": op.name, "doc": op.doc,
+            "args": [{"name": a.name, "type": a.type, "required": a.required, "doc": a.doc,
+                      "default": value_from_pb(a.default, a.name) if a.HasField("default") else None,
+                      "layouts": list(a.layouts)} for a in op.args],
+            "outputs": [{"name": o.name, "type": o.type, "doc": o.doc} for o in op.outputs],
+        })
+    return resp.device, ops
+
+
+def grpc_error(exc: grpc.RpcError) -> SparseServeError:
+    """The SDK error for a failed gRPC call."""
+    code = exc.code()
+    details = exc.details() or code.name
+    metadata = exc.trailing_metadata() or ()
+    meta = {k: v for k, v in metadata}
+    err = error_for_grpc_status(code, details, meta.get(REASON_METADATA_KEY))
+    return err
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+# ------------------------------------------------------------------ REST
+def json_body(args: dict[str, Any]) -> bytes:
+    return json.dumps({k: value_to_json(v) for k, v in args.items()}).encode()
+
+
+def outputs_from_json(obj: dict) -> list[tuple[str, Any]]:
+    return [(name, tensor_from_json(value, name)) for name, value in obj["outputs"].items()]
+
+
+def http_headers(token: str | None, encoding: str) -> dict[str, str]:
+    headers = {"accept": PROTOBUF if encoding == "protobuf" else "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
+
+
+def http_error(status: int, body: bytes) -> SparseServeError:
+    """The SDK error for an HTTP error response (the JSON error body of SPEC section 6)."""
+    try:
+        err = json.loads(body)["error"]
+        return error_for_code(err["code"], err["message"], err.get("reason"), err.get("request_id"))
+    except (ValueError, KeyError, TypeError):
+        code = _HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
+        return error_for_code(code, f"HTTP {status}: {body[:200]!r}")
+
+
+def transport_error(exc: Exception) -> SparseServeError:
+    """httpx timeouts and connection failures as SDK errors."""
+    import httpx
+
+    if isinstance(exc, httpx.TimeoutException):
+        return DeadlineExceededError(f"no answer within the timeout: {exc}", reason="TIMEOUT")
+    return UnavailableError(f"cannot reach the server: {exc}", reason="CONNECTION")
+
+
+def decode_rest_tensor(content: bytes, content_type: str) -> Any:
+    if content_type.startswith(PROTOBUF):
+        msg = pb.Tensor()
+        msg.ParseFromString(content)
+        return tensor_from_pb(msg, "tensor")
+    return tensor_from_json(json.loads(content), "tensor")
+
+

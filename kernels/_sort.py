@@ -1,0 +1,127 @@
+"""Row-major keys and a stable radix argsort over them.
+
+Sorting-heavy ops work on one int64 key per entry (the row-major linear
+position over the sparse dimensions) instead of lexsorting index columns.
+The caller has validated the indices, so every key is in ``[0, prod(shape))``
+and fits int64.
+
+Kernels here are sequential: numba's default workqueue threading layer is not
+thread-safe, and the server calls kernels from a thread pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+RADIX_BITS = 11  # 2048 buckets: the count array stays in L1, 3 passes cover 33-bit keys
+
+
+@njit(nogil=True, cache=True)
+def linearize_kernel(indices, shape):
+    n, s = indices.shape
+    keys = np.empty(n, np.int64)
+    for i in range(n):
+        k = 0
+        for j in range(s):
+            k = k * shape[j] + indices[i, j]
+        keys[i] = k
+    return keys
+
+
+@njit(nogil=True, cache=True)
+def delinearize_kernel(keys, shape):
+    n = keys.size
+    s = shape.size
+    out = np.empty((n, s), np.int64)
+    for i in range(n):
+        k = keys[i]
+        for j in range(s - 1, -1, -1):
+            d = shape[j]
+            out[i, j] = k % d
+            k //= d
+    return out
+
+
+@njit(nogil=True, cache=True)
+def radix_argsort_kernel(keys):
+    """(perm, keys[perm]): a stable LSD radix sort of non-negative int64 keys."""
+    n = keys.size
+    perm = np.arange(n)
+    if n < 2:
+        return perm, keys.copy()
+    in_order = True
+    kmax = keys[0]
+    for i in range(1, n):
+        if keys[i] < keys[i - 1]:
+            in_order = False
+        if keys[i] > kmax:
+            kmax = keys[i]
+    if in_order:  # already sorted: the common case for coalesced input
+        return perm, keys.copy()
+    radix = 1 << RADIX_BITS
+    mask = radix - 1
+    cur_keys = keys.copy()
+    tmp_keys = np.empty(n, np.int64)
+    tmp_perm = np.empty(n, np.int64)
+    count = np.empty(radix, np.int64)
+    shift = 0
+    while shift < 63 and (kmax >> shift) > 0:
+        count[:] = 0
+        for i in range(n):
+            count[(cur_keys[i] >> shift) & mask] += 1
+        if count.max() == n:  # this digit is the same everywhere: nothing to move
+            shift += RADIX_BITS
+            continue
+        total = 0
+        for d in range(radix):
+            c = count[d]
+            count[d] = total
+            total += c
+        for i in range(n):
+            d = (cur_keys[i] >> shift) & mask
+            pos = count[d]
+            count[d] = pos + 1
+            tmp_keys[pos] = cur_keys[i]
+            tmp_perm[pos] = perm[i]
+        cur_keys, tmp_keys = tmp_keys, cur_keys
+        perm, tmp_perm = tmp_perm, perm
+        shift += RADIX_BITS
+    return perm, cur_keys
+
+
+@njit(nogil=True, cache=True)
+def first_disorder_kernel(keys):
+    """(i, repeated) for the first key not above its predecessor; (-1, False) when strictly increasing."""
+    for i in range(1, keys.size):
+        if keys[i] <= keys[i - 1]:
+            return i, keys[i] == keys[i - 1]
+    return -1, False
+
+
+@njit(nogil=True, cache=True)
+def segment_starts_kernel(sorted_keys):
+    """Start offsets of the runs of equal keys (counted, then filled)."""
+    n = sorted_keys.size
+    runs = 1 if n else 0
+    for i in range(1, n):
+        if sorted_keys[i] != sorted_keys[i - 1]:
+            runs += 1
+    starts = np.empty(runs, np.int64)
+    r = 0
+    for i in range(n):
+        if i == 0 or sorted_keys[i] != sorted_keys[i - 1]:
+            starts[r] = i
+            r += 1
+    return starts
+
+
+def linearize(indices: np.ndarray, sparse_shape) -> np.ndarray:
+    """Row-major int64 keys of validated COO indices."""
+    return linearize_kernel(np.ascontiguousarray(indices, dtype=np.int64),
+                            np.asarray(sparse_shape, dtype=np.int64))
+
+
+def argsort_stable(keys: np.ndarray) -> np.ndarray:
+    """The stable sorting permutation of non-negative int64 keys."""
+    return radix_argsort_kernel(np.ascontiguousarray(keys, dtype=np.int64))[0]

@@ -1,0 +1,136 @@
+"""COO kernels: reorder, coalesce, to_dense, from_dense.
+
+Python wrappers reshape values to 2-D ``[nnz, inner]`` (hybrid tensors carry
+their dense dimensions in ``inner``) so the numba signatures stay few; moving
+values needs no arithmetic and is a gather; sums run in numba per dtype, with
+float16 summed in float32 and bool combined with logical or. Inputs are
+validated by the caller (``sparseserve._validate``); nothing here raises.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._sort import (delinearize_kernel, first_disorder_kernel, linearize, radix_argsort_kernel,
+                    segment_starts_kernel)
+
+
+@njit(nogil=True, cache=True)
+def segment_sum_kernel(values, perm, starts, out):
+    n = perm.size
+    for r in range(starts.size):
+        end = starts[r + 1] if r + 1 < starts.size else n
+        for j in range(values.shape[1]):
+            acc = values[perm[starts[r]], j]
+            for i in range(starts[r] + 1, end):
+                acc += values[perm[i], j]
+            out[r, j] = acc
+
+
+@njit(nogil=True, cache=True)
+def segment_or_kernel(values, perm, starts, out):
+    n = perm.size
+    for r in range(starts.size):
+        end = starts[r + 1] if r + 1 < starts.size else n
+        for j in range(values.shape[1]):
+            acc = values[perm[starts[r]], j]
+            for i in range(starts[r] + 1, end):
+                acc |= values[perm[i], j]
+            out[r, j] = acc
+
+
+@njit(nogil=True, cache=True)
+def nonzero_rows_kernel(rows):
+    """Rows with any nonzero element (NaN counts, -0.0 does not), counted then filled."""
+    n, inner = rows.shape
+    keep = np.zeros(n, np.bool_)
+    count = 0
+    for i in range(n):
+        for j in range(inner):
+            if rows[i, j] != 0:
+                keep[i] = True
+                count += 1
+                break
+    out = np.empty(count, np.int64)
+    c = 0
+    for i in range(n):
+        if keep[i]:
+            out[c] = i
+            c += 1
+    return out
+
+
+def _values2d(values: np.ndarray, nnz: int) -> np.ndarray:
+    inner = int(np.prod(values.shape[1:], dtype=np.int64))
+    return np.ascontiguousarray(values).reshape(nnz, inner)
+
+
+def _sorted(indices: np.ndarray, dense_shape) -> tuple[np.ndarray, np.ndarray]:
+    sparse_shape = np.asarray(dense_shape[:indices.shape[1]], dtype=np.int64)
+    return radix_argsort_kernel(linearize(indices, sparse_shape))
+
+
+def reorder(indices, values, dense_shape):
+    """Row-major order, duplicates kept, stable (tf.sparse.reorder)."""
+    perm, _ = _sorted(indices, dense_shape)
+    return np.ascontiguousarray(indices[perm]), np.ascontiguousarray(values[perm])
+
+
+def _segment_sum(values2d: np.ndarray, perm: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    dtype = values2d.dtype
+    if dtype == np.bool_:
+        out = np.empty((starts.size, values2d.shape[1]), np.uint8)
+        segment_or_kernel(values2d.view(np.uint8), perm, starts, out)
+        return out.view(np.bool_)
+    work = values2d.astype(np.float32) if dtype == np.float16 else values2d
+    out = np.empty((starts.size, values2d.shape[1]), work.dtype)
+    if starts.size:
+        segment_sum_kernel(work, perm, starts, out)
+    return out.astype(dtype, copy=False)
+
+
+def coalesce(indices, values, dense_shape):
+    """Sorted row-major, duplicates summed (torch's coalesce)."""
+    nnz = indices.shape[0]
+    perm, keys = _sorted(indices, dense_shape)
+    starts = segment_starts_kernel(keys)
+    out_indices = np.ascontiguousarray(indices[perm[starts]])
+    summed = _segment_sum(_values2d(values, nnz), perm, starts)
+    return out_indices, summed.reshape((starts.size, *values.shape[1:]))
+
+
+def first_disorder(indices, dense_shape) -> tuple[int, bool]:
+    sparse_shape = np.asarray(dense_shape[:indices.shape[1]], dtype=np.int64)
+    i, repeated = first_disorder_kernel(linearize(indices, sparse_shape))
+    return int(i), bool(repeated)
+
+
+def to_dense(indices, values, dense_shape, default_value, validate_indices: bool):
+    """Dense array filled with default_value; entries scattered (summed when repeated)."""
+    if not validate_indices:
+        indices, values = coalesce(indices, values, dense_shape)
+    sparse_ndim = indices.shape[1]
+    sparse_shape = np.asarray(dense_shape[:sparse_ndim], dtype=np.int64)
+    dense = np.full(tuple(dense_shape), default_value, dtype=values.dtype)
+    rows = dense.reshape(int(np.prod(sparse_shape)), int(np.prod(dense_shape[sparse_ndim:], dtype=np.int64)))
+    if indices.shape[0]:
+        rows[linearize(indices, sparse_shape)] = _values2d(values, indices.shape[0])
+    return dense
+
+
+def from_dense(array, sparse_dim: int):
+    """Coalesced COO of a dense array (torch's to_sparse(sparse_dim))."""
+    lead = tuple(array.shape[:sparse_dim])
+    n = int(np.prod(lead, dtype=np.int64))
+    rows = np.ascontiguousarray(array).reshape(n, int(np.prod(array.shape[sparse_dim:], dtype=np.int64)))
+    if rows.dtype == np.float16:
+        # numba has no float16: test the bits, ignoring the sign so that -0.0 is zero.
+        rows_nz = nonzero_rows_kernel(rows.view(np.uint16) & np.uint16(0x7FFF))
+    elif rows.dtype == np.bool_:
+        rows_nz = nonzero_rows_kernel(rows.view(np.uint8))
+    else:
+        rows_nz = nonzero_rows_kernel(rows)
+    indices = delinearize_kernel(rows_nz, np.asarray(lead, dtype=np.int64))
+    values = rows[rows_nz].reshape((rows_nz.size, *array.shape[sparse_dim:]))
+    return indices, np.ascontiguousarray(values)

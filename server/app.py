@@ -1,0 +1,87 @@
+"""One process, two wires: grpc.aio and uvicorn share an event loop, the
+registry, the handle store and the kernel pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+
+import uvicorn
+
+from .config import ServerConfig
+from .grpc_wire import create_grpc_server, set_serving
+from .rest_wire import create_app
+from .service import Service
+
+__all__ = ["serve", "run"]
+
+log = logging.getLogger("sparseserve.server")
+GRACE_SECONDS = 10.0
+
+
+class _Uvicorn(uvicorn.Server):
+    # The process handles SIGINT/SIGTERM itself and stops both wires together.
+    def capture_signals(self):
+        return contextlib.nullcontext()
+
+
+def _announce(event: str, **fields) -> None:
+    """One JSON line on stdout: how tests and operators learn the bound ports."""
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
+    from .ops import REGISTRY
+
+    service = Service(config, REGISTRY)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    grpc_server, grpc_port, health = create_grpc_server(service)
+    await set_serving(health, False)
+    await grpc_server.start()
+
+    http = _Uvicorn(uvicorn.Config(create_app(service), host=config.host, port=config.http_port,
+                                   log_level=config.log_level, access_log=False, lifespan="off",
+                                   timeout_graceful_shutdown=int(GRACE_SECONDS)))
+    http_task = asyncio.create_task(http.serve())
+    while not http.started:
+        if http_task.done():  # failed to bind, say
+            await http_task
+            raise SystemExit(f"the REST server did not start on {config.host}:{config.http_port}")
+        await asyncio.sleep(0.01)
+    http_port = http.servers[0].sockets[0].getsockname()[1]
+    _announce("listening", host=config.host, grpc_port=grpc_port, http_port=http_port,
+              device=service.device)
+
+    # Kernels compile (or load from numba's cache) off the loop; both wires answer meanwhile.
+    warm = loop.run_in_executor(service.executor, service.warm_up)
+    warm.add_done_callback(lambda f: f.exception() or stop.is_set() or _mark_ready(health, service))
+
+    await stop.wait()
+    log.info("shutting down: finishing in-flight requests for up to %.0f s", GRACE_SECONDS)
+    service.ready = False
+    http.should_exit = True
+    await asyncio.gather(grpc_server.stop(GRACE_SECONDS), http_task, return_exceptions=True)
+    service.close()
+    _announce("stopped")
+
+
+def _mark_ready(health, service: Service) -> None:
+    asyncio.ensure_future(set_serving(health, True))
+    _announce("ready", device=service.device)
+
+
+def run(config: ServerConfig) -> int:
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format='{"time": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", '
+                               '"message": "%(message)s"}')
+    asyncio.run(serve(config))
+    return 0

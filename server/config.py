@@ -1,0 +1,93 @@
+"""Server settings: one table drives the command-line flags, the
+``SPARSESERVE_*`` environment variables and their defaults (SPEC section 8)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+__all__ = ["ServerConfig", "build_parser", "config_from_args"]
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    http_port: int = 8000
+    device: str = "cpu"
+    token: list[str] | None = None
+    token_file: str | None = None
+    max_request_bytes: int = 256 * MiB
+    max_result_bytes: int = 1 * GiB
+    store_bytes: int = 4 * GiB
+    store_ttl: float = 3600.0
+    max_concurrency: int = 64
+    workers: int = 0  # 0: one per CPU core
+    log_level: str = "info"
+
+    def tokens(self) -> dict[str, str]:
+        """token -> tenant name. Empty: no authentication."""
+        tokens = {t: f"tenant-{i}" for i, t in enumerate(self.token or [])}
+        if self.token_file:
+            with open(self.token_file, encoding="utf-8") as fh:
+                for line in fh:
+                    line = line.strip()
+                    if not line or line.startswith("#"):
+                        continue
+                    # "tenant-name token" or just "token"
+                    parts = line.split()
+                    tenant, token = (parts[0], parts[1]) if len(parts) > 1 else (f"tenant-{len(tokens)}", parts[0])
+                    tokens[token] = tenant
+        return tokens
+
+
+# flag name -> (type, help). Defaults come from ServerConfig.
+_FLAGS: dict[str, tuple[type, str]] = {
+    "host": (str, "address both wires listen on"),
+    "grpc_port": (int, "gRPC port (0 picks a free one)"),
+    "http_port": (int, "REST port (0 picks a free one)"),
+    "device": (str, "where kernels run: cpu, cuda or auto (cuda when CuPy finds a GPU)"),
+    "token": (str, "a bearer token clients must send; repeat for several tenants"),
+    "token_file": (str, "file with one token per line ('tenant token' or 'token'); each is a tenant"),
+    "max_request_bytes": (int, "largest request message or body, in bytes; bigger tensors go through put"),
+    "max_result_bytes": (int, "largest result an op may produce, checked before allocating"),
+    "store_bytes": (int, "byte budget of the handle store; least recently used out first"),
+    "store_ttl": (float, "seconds an unused handle lives"),
+    "max_concurrency": (int, "requests run at once; past it, UNAVAILABLE at once"),
+    "workers": (int, "kernel worker threads (0: one per CPU core)"),
+    "log_level": (str, "debug, info, warning or error"),
+}
+
+
+def env_name(field: str) -> str:
+    return "SPARSESERVE_" + field.upper()
+
+
+def build_parser(prog: str = "sparseserve serve") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Run the sparseserve gRPC and REST server.")
+    defaults = ServerConfig()
+    for field in fields(ServerConfig):
+        kind, help_text = _FLAGS[field.name]
+        env = os.environ.get(env_name(field.name))
+        default = getattr(defaults, field.name)
+        flag = "--" + field.name.replace("_", "-")
+        if field.name == "token":
+            env_tokens = env.split(",") if env else None
+            parser.add_argument(flag, action="append", default=env_tokens,
+                                help=f"{help_text} (env {env_name(field.name)}, comma-separated)")
+            continue
+        if env is not None:
+            default = kind(env)
+        choices = ("cpu", "cuda", "auto") if field.name == "device" else None
+        parser.add_argument(flag, type=kind, default=default, choices=choices,
+                            help=f"{help_text} (env {env_name(field.name)}; default {default})")
+    return parser
+
+
+def config_from_args(argv: list[str] | None = None) -> ServerConfig:
+    ns = build_parser().parse_args(argv)
+    return ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)})

@@ -1,0 +1,139 @@
+"""The gRPC wire: ``sparseserve.v1.SparseService`` on grpc.aio, plus the
+standard health checking and reflection services."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sparseserve._codec import ChunkAssembler, iter_chunks, tensor_to_pb, value_from_pb, value_to_pb
+from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeError
+from sparseserve.v1 import sparseserve_pb2 as pb
+from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
+
+from .service import Service
+
+__all__ = ["create_grpc_server", "catalogue_to_pb"]
+
+log = logging.getLogger("sparseserve.grpc")
+_HEALTH_SERVICE = "sparseserve.v1.SparseService"
+
+
+def catalogue_to_pb(catalogue: list[dict[str, Any]], device: str) -> pb.ListOpsResponse:
+    ops = []
+    for entry in catalogue:
+        args = []
+        for a in entry["args"]:
+            arg = pb.ArgDef(name=a["name"], type=a["type"], required=a["required"], doc=a["doc"],
+                            layouts=a["layouts"])
+            if not a["required"] and a["default"] is not None:
+                arg.default.CopyFrom(value_to_pb(a["default"]))
+            args.append(arg)
+        ops.append(pb.OpDef(name=entry["name"], doc=entry["doc"], args=args,
+                            outputs=[pb.OutputDef(**o) for o in entry["outputs"]]))
+    return pb.ListOpsResponse(ops=ops, device=device)
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: SparseServeError):
+    context.set_trailing_metadata(((REASON_METADATA_KEY, err.reason),))
+    await context.abort(err.grpc_status, err.message)
+
+
+def _tenant(service: Service, context: grpc.aio.ServicerContext) -> str:
+    metadata = dict(context.invocation_metadata() or ())
+    return service.tenant_for(metadata.get("authorization"))
+
+
+class SparseServicer(pb_grpc.SparseServiceServicer):
+    def __init__(self, service: Service):
+        self.service = service
+
+    async def _guard(self, context, coro):
+        """Await ``coro``; map service errors to the gRPC status, and bugs to INTERNAL."""
+        try:
+            return await coro
+        except SparseServeError as err:
+            await _abort(context, err)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # keep serving; say it was a bug
+            log.exception("unexpected error")
+            await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
+
+    async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
+        async def run():
+            tenant = _tenant(self.service, context)
+            args = {name: value_from_pb(value, name) for name, value in request.args.items()}
+            outputs = await self.service.execute(request.op, args, request.keep, tenant)
+            limit = self.service.config.max_request_bytes
+            self.service.check_result_size([t for _, t in outputs], limit, f"{request.op} result")
+            return await self.service.run(_encode_outputs, outputs)
+
+        return await self._guard(context, run())
+
+    async def Upload(self, request_iterator: AsyncIterator[pb.TensorChunk], context) -> pb.Handle:
+        async def run():
+            tenant = _tenant(self.service, context)
+            assembler = ChunkAssembler("tensor", max_bytes=self.service.store.budget_bytes)
+            async for chunk in request_iterator:
+                assembler.add(chunk)
+            tensor = assembler.finish()
+            handle, nbytes = await self.service.run(self.service.put, tensor, tenant)
+            return pb.Handle(handle=handle, nbytes=nbytes)
+
+        return await self._guard(context, run())
+
+    async def Download(self, request: pb.Handle, context):
+        try:
+            tensor = self.service.get(request.handle, _tenant(self.service, context))
+        except SparseServeError as err:
+            await _abort(context, err)
+            return
+        for chunk in iter_chunks(tensor):
+            await context.write(chunk)
+
+    async def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
+        async def run():
+            self.service.delete(request.handle, _tenant(self.service, context))
+            return pb.DeleteResponse(deleted=True)
+
+        return await self._guard(context, run())
+
+    async def ListOps(self, request: pb.ListOpsRequest, context) -> pb.ListOpsResponse:
+        return catalogue_to_pb(self.service.catalogue(), self.service.device)
+
+
+def _encode_outputs(outputs) -> pb.ExecuteResponse:
+    return pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=tensor_to_pb(value))
+                                       for name, value in outputs])
+
+
+def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """The grpc.aio server bound to --host/--grpc-port; returns (server, port, health)."""
+    limit = service.config.max_request_bytes
+    # Explicit limits: gRPC's default receive limit is 4 MiB. Replies are held to
+    # the same limit (checked before encoding); bigger tensors stream via Download.
+    options = [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit + (1 << 20)),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=options)
+    pb_grpc.add_SparseServiceServicer_to_server(SparseServicer(service), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (pb.DESCRIPTOR.services_by_name["SparseService"].full_name,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(f"{service.config.host}:{service.config.grpc_port}")
+    return server, port, health_servicer
+
+
+async def set_serving(health_servicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", _HEALTH_SERVICE):
+        await health_servicer.set(name, status)

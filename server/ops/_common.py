@@ -1,0 +1,32 @@
+"""Small helpers shared by op declarations."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from sparseserve._tensor import SparseTensor
+from sparseserve.errors import InvalidArgumentError
+
+
+def cast_scalar(value: Any, dtype: np.dtype, name: str) -> np.generic:
+    """``value`` as a scalar of ``dtype``, refusing casts that change it (1.5 to int, 300 to int8)."""
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cast = np.asarray(value).astype(dtype)[()]
+            back = np.asarray(cast).astype(np.asarray(value).dtype)[()]
+    except (TypeError, ValueError, OverflowError):
+        cast, back = None, None
+    same = back == value or (np.isnan(value) if isinstance(value, (float, np.floating)) else False)
+    if cast is None or not bool(same):
+        raise InvalidArgumentError(f"{name} = {value!r} cannot be represented as {dtype.name}",
+                                   reason="SCALAR_DTYPE")
+    return cast
+
+
+def coo(indices: np.ndarray, values: np.ndarray, like: SparseTensor, *, coalesced: bool) -> SparseTensor:
+    return SparseTensor(indices=indices, values=values, dense_shape=like.dense_shape,
+                        coalesced=coalesced)

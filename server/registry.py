@@ -1,0 +1,130 @@
+"""The op registry: each op declared once.
+
+A declaration gives the name, typed arguments with defaults, named outputs,
+docs and a kernel per device. ``Execute``, ``POST /v1/ops/{op}``,
+``GET /v1/ops``, the OpenAPI schema and the SDK's methods are all derived from
+it, so adding an op touches one place (a module under ``server/ops``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from sparseserve.errors import InvalidArgumentError, NotFoundError
+
+from .argtypes import ArgType
+
+__all__ = ["REQUIRED", "Arg", "Output", "OpDef", "Registry", "REGISTRY"]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    type: ArgType
+    doc: str
+    default: Any = REQUIRED
+    # For tensor arguments: the layouts the op is declared for ("dense" for a dense tensor).
+    layouts: tuple[str, ...] = ("coo",)
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    type: str  # "sparse" or "dense"
+    doc: str
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    doc: str
+    args: tuple[Arg, ...]
+    outputs: tuple[Output, ...]
+    # device name -> function(**bound_args) returning one output or a tuple in declared order.
+    kernels: Mapping[str, Callable[..., Any]]
+    # Optional: bytes of the result computed from the bound arguments, checked
+    # against --max-result-bytes before the kernel allocates anything.
+    result_bytes: Callable[..., int] | None = None
+
+    def bind(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """Named raw values -> validated kernel arguments, defaults filled in.
+
+        Unknown or missing arguments and values of the wrong type raise
+        ``InvalidArgumentError`` naming the argument.
+        """
+        known = {a.name for a in self.args}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidArgumentError(
+                f"{self.name} has no argument {unknown[0]!r}; its arguments are "
+                f"{', '.join(a.name for a in self.args)}", reason="UNKNOWN_ARGUMENT")
+        bound = {}
+        for arg in self.args:
+            if arg.name in raw and raw[arg.name] is not None:
+                bound[arg.name] = arg.type.coerce(raw[arg.name], arg, self.name)
+            elif arg.required:
+                raise InvalidArgumentError(f"{self.name} needs argument {arg.name!r}",
+                                           reason="MISSING_ARGUMENT")
+            else:
+                bound[arg.name] = arg.default
+        return bound
+
+    def run(self, device: str, bound: Mapping[str, Any]) -> tuple[Any, ...]:
+        result = self.kernels[device](**bound)
+        return result if isinstance(result, tuple) else (result,)
+
+    def describe(self) -> dict[str, Any]:
+        """The catalogue entry: what ``GET /v1/ops`` and ``ListOps`` say about this op."""
+        return {
+            "name": self.name,
+            "doc": self.doc,
+            "args": [{"name": a.name, "type": a.type.name, "required": a.required,
+                      "default": None if a.required else a.default, "doc": a.doc,
+                      "layouts": list(a.layouts) if a.type.is_tensor else []}
+                     for a in self.args],
+            "outputs": [{"name": o.name, "type": o.type, "doc": o.doc} for o in self.outputs],
+        }
+
+
+@dataclass
+class Registry:
+    ops: dict[str, OpDef] = field(default_factory=dict)
+
+    def op(self, name: str, *, doc: str, args: list[Arg], outputs: list[Output],
+           result_bytes: Callable[..., int] | None = None) -> Callable:
+        """Decorator declaring an op whose CPU kernel is the decorated function."""
+
+        def register(fn: Callable) -> Callable:
+            if name in self.ops:
+                raise ValueError(f"op {name!r} is declared twice")
+            self.ops[name] = OpDef(name, doc.strip(), tuple(args), tuple(outputs), {"cpu": fn},
+                                   result_bytes)
+            return fn
+
+        return register
+
+    def get(self, name: str) -> OpDef:
+        try:
+            return self.ops[name]
+        except KeyError:
+            raise NotFoundError(f"no op named {name!r}; GET /v1/ops lists them",
+                                reason="UNKNOWN_OP") from None
+
+    def __iter__(self):
+        return iter(self.ops.values())
+
+
+REGISTRY = Registry()

@@ -1,0 +1,284 @@
+"""The REST wire (SPEC section 5): FastAPI routes derived from the registry.
+
+Bodies are JSON, or ``application/x-protobuf`` carrying the gRPC messages; the
+same ``Service`` answers both. Each op gets its own route so that the OpenAPI
+schema at ``/docs`` documents its arguments; the schemas come from the
+registry's argument types.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from sparseserve._codec import tensor_from_pb, tensor_to_pb, value_from_pb
+from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
+from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
+                                SparseServeError)
+from sparseserve.v1 import sparseserve_pb2 as pb
+
+from .registry import OpDef
+from .service import Service
+
+__all__ = ["create_app", "PROTOBUF"]
+
+log = logging.getLogger("sparseserve.rest")
+PROTOBUF = "application/x-protobuf"
+# Body problems that are "not the schema" (422) rather than a bad value (400).
+_SCHEMA_REASONS = {"BAD_JSON", "UNKNOWN_ARGUMENT", "MISSING_ARGUMENT", "BAD_ARGUMENT_TYPE"}
+_MAX_JSON_DEPTH = 64
+
+
+def _wants_protobuf(request: Request) -> bool:
+    """Protobuf replies when asked for by Accept, or, with no preference, to protobuf requests."""
+    accept = request.headers.get("accept", "*/*")
+    if PROTOBUF in accept:
+        return True
+    return accept.strip() in ("", "*/*") and _is_protobuf_body(request)
+
+
+def _is_protobuf_body(request: Request) -> bool:
+    return request.headers.get("content-type", "").startswith(PROTOBUF)
+
+
+def error_response(err: SparseServeError) -> JSONResponse:
+    status = 422 if err.code == "INVALID_ARGUMENT" and err.reason in _SCHEMA_REASONS else err.http_status
+    return JSONResponse(err.to_json(), status_code=status)
+
+
+async def _read_body(request: Request, service: Service) -> bytes:
+    limit = service.config.max_request_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ResourceExhaustedError(f"the request body has {declared} bytes, over the limit of {limit} "
+                                     "bytes (--max-request-bytes)", reason="REQUEST_TOO_LARGE")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise ResourceExhaustedError(f"the request body is over the limit of {limit} bytes "
+                                         "(--max-request-bytes)", reason="REQUEST_TOO_LARGE")
+    return bytes(body)
+
+
+def _json_depth(obj: Any, limit: int) -> None:
+    """Refuse absurdly nested JSON (tensors need at most rank + 2 levels)."""
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            raise InvalidArgumentError(f"the JSON body nests deeper than {limit} levels",
+                                       reason="BAD_JSON")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list) and item and isinstance(item[0], (list, dict)):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgumentError(f"the body is not valid JSON: {exc}", reason="BAD_JSON") from None
+    _json_depth(obj, _MAX_JSON_DEPTH)
+    return obj
+
+
+def _json_arg(value: Any, name: str) -> Any:
+    """A JSON argument value: tensors decoded, lists of tensors decoded, the rest as is."""
+    if is_tensor_json(value):
+        return tensor_from_json(value, name)
+    if isinstance(value, list) and value and all(is_tensor_json(v) for v in value):
+        return [tensor_from_json(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def create_app(service: Service) -> FastAPI:
+    app = FastAPI(
+        title="sparseserve",
+        version="1",
+        description="Sparse tensor compute over REST. Every op also takes "
+                    "`application/x-protobuf` bodies carrying `sparseserve.v1.ExecuteRequest`.",
+    )
+
+    @app.exception_handler(SparseServeError)
+    async def _service_error(request: Request, err: SparseServeError):
+        return error_response(err)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception):
+        log.exception("unexpected error")
+        return error_response(InternalError(f"{type(exc).__name__}: {exc}"))
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz():
+        """Liveness: the process is up and its event loop answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz():
+        """Readiness: kernels compiled or loaded from cache."""
+        body = {"status": "ready" if service.ready else "warming up", "device": service.device}
+        return JSONResponse(body, status_code=200 if service.ready else 503)
+
+    @app.get("/v1/ops", tags=["ops"])
+    async def list_ops(request: Request):
+        """The op catalogue: every op with its arguments, types, defaults, outputs and docs."""
+        service.tenant_for(request.headers.get("authorization"))
+        return {"device": service.device, "ops": service.catalogue()}
+
+    for op in service.registry:
+        _add_op_route(app, service, op)
+
+    @app.post("/v1/ops/{op}", tags=["ops"], include_in_schema=False)
+    async def unknown_op(op: str):
+        service.registry.get(op)  # raises NOT_FOUND
+
+    @app.post("/v1/tensors", tags=["tensors"])
+    async def put_tensor(request: Request):
+        """Store a tensor (JSON tensor or protobuf `Tensor`) and return its handle."""
+        tenant = service.tenant_for(request.headers.get("authorization"))
+        body = await _read_body(request, service)
+        if _is_protobuf_body(request):
+            tensor = await service.run(_decode_pb_tensor, body)
+        else:
+            tensor = tensor_from_json(_parse_json(body), "tensor")
+        handle, nbytes = await service.run(service.put, tensor, tenant)
+        if _wants_protobuf(request):
+            return Response(pb.Handle(handle=handle, nbytes=nbytes).SerializeToString(), media_type=PROTOBUF)
+        return {"handle": handle, "nbytes": nbytes}
+
+    @app.get("/v1/tensors/{handle}", tags=["tensors"])
+    async def get_tensor(handle: str, request: Request):
+        """Fetch a stored tensor (JSON, or protobuf `Tensor` with `Accept: application/x-protobuf`)."""
+        tensor = service.get(handle, service.tenant_for(request.headers.get("authorization")))
+        if _wants_protobuf(request):
+            body = await service.run(lambda: tensor_to_pb(tensor).SerializeToString())
+            return Response(body, media_type=PROTOBUF)
+        return JSONResponse(await service.run(tensor_to_json, tensor))
+
+    @app.delete("/v1/tensors/{handle}", tags=["tensors"])
+    async def delete_tensor(handle: str, request: Request):
+        service.delete(handle, service.tenant_for(request.headers.get("authorization")))
+        return {"deleted": True}
+
+    _add_tensor_schemas(app)
+    return app
+
+
+def _add_tensor_schemas(app: FastAPI) -> None:
+    """Put the JSON tensor forms of SPEC section 5 into the OpenAPI components."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(TENSOR_SCHEMAS)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+_INT_LIST = {"type": "array", "items": {"type": "integer"}}
+_NESTED = {"description": "A nested list of numbers (complex: [re, im] pairs; non-finite floats "
+                          "as \"NaN\", \"Infinity\", \"-Infinity\")"}
+TENSOR_SCHEMAS = {
+    "SparseTensorJSON": {
+        "type": "object",
+        "description": "A sparse tensor. COO: indices [nnz, sparse_ndim], values, dense_shape. "
+                       "CSR/CSC/BSR/BSC: compressed_indices, plain_indices, values, dense_shape, "
+                       "layout, blocksize.",
+        "properties": {
+            "layout": {"type": "string", "enum": ["coo", "csr", "csc", "bsr", "bsc"]},
+            "dtype": {"type": "string"},
+            "dense_shape": _INT_LIST,
+            "indices": {"type": "array", "items": _INT_LIST},
+            "values": _NESTED,
+            "compressed_indices": _NESTED,
+            "plain_indices": _NESTED,
+            "index_dtype": {"type": "string", "enum": ["int32", "int64"]},
+            "blocksize": _INT_LIST,
+        },
+        "required": ["values", "dense_shape"],
+    },
+    "DenseTensorJSON": {
+        "type": "object",
+        "properties": {"dtype": {"type": "string"}, "shape": _INT_LIST, "data": {"type": "array"}},
+        "required": ["shape", "data"],
+    },
+    "HandleJSON": {"type": "object", "properties": {"handle": {"type": "string"}},
+                   "required": ["handle"]},
+    "Tensor": {"oneOf": [{"$ref": "#/components/schemas/SparseTensorJSON"},
+                         {"$ref": "#/components/schemas/DenseTensorJSON"},
+                         {"$ref": "#/components/schemas/HandleJSON"},
+                         {"type": "array", "description": "A dense tensor as a nested list"}]},
+}
+
+
+def _decode_pb_tensor(body: bytes):
+    msg = pb.Tensor()
+    try:
+        msg.ParseFromString(body)
+    except Exception:
+        raise InvalidArgumentError("the body is not a sparseserve.v1.Tensor message",
+                                   reason="BAD_JSON") from None
+    return tensor_from_pb(msg, "tensor")
+
+
+def _op_schema(op: OpDef) -> dict:
+    props = {a.name: {**a.type.schema, "description": a.doc} for a in op.args}
+    for a in op.args:
+        if not a.required and a.default is not None:
+            props[a.name]["default"] = a.default
+    return {"type": "object", "properties": props,
+            "required": [a.name for a in op.args if a.required], "additionalProperties": False}
+
+
+def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
+    outputs = ", ".join(f"`{o.name}` ({o.type})" for o in op.outputs)
+    openapi_extra = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": _op_schema(op)},
+        PROTOBUF: {"schema": {"type": "string", "format": "binary"}}}}}
+
+    async def run_op(request: Request, keep: bool = False):
+        tenant = service.tenant_for(request.headers.get("authorization"))
+        body = await _read_body(request, service)
+        if _is_protobuf_body(request):
+            msg = pb.ExecuteRequest()
+            try:
+                msg.ParseFromString(body)
+            except Exception:
+                raise InvalidArgumentError("the body is not a sparseserve.v1.ExecuteRequest message",
+                                           reason="BAD_JSON") from None
+            args = {name: value_from_pb(v, name) for name, v in msg.args.items()}
+            keep = keep or msg.keep
+        else:
+            obj = _parse_json(body) if body else {}
+            if not isinstance(obj, dict):
+                raise InvalidArgumentError("the body must be a JSON object of named arguments",
+                                           reason="BAD_JSON")
+            args = {name: _json_arg(v, name) for name, v in obj.items()}
+        outputs = await service.execute(op.name, args, keep, tenant)
+        if _wants_protobuf(request):
+            service.check_result_size([t for _, t in outputs], service.config.max_request_bytes,
+                                      f"{op.name} result")
+            body = await service.run(lambda: pb.ExecuteResponse(outputs=[
+                pb.NamedTensor(name=n, tensor=tensor_to_pb(t)) for n, t in outputs]).SerializeToString())
+            return Response(body, media_type=PROTOBUF)
+        encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}})
+        return JSONResponse(encoded)
+
+    run_op.__name__ = f"op_{op.name}"
+    app.add_api_route(f"/v1/ops/{op.name}", run_op, methods=["POST"], tags=["ops"],
+                      summary=op.doc.splitlines()[0], description=f"{op.doc}\n\nOutputs: {outputs}.",
+                      openapi_extra=openapi_extra)

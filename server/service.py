@@ -1,0 +1,145 @@
+"""The transport-neutral data plane shared by the gRPC and REST wires.
+
+Both wires decode their request into Python values (tensors already in the
+shared representation, handles as ``HandleRef``), call ``Service``, and encode
+what comes back. Errors are ``SparseServeError`` subclasses; each wire maps
+them to its status codes in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from sparseserve._tensor import HandleRef, SparseTensor
+from sparseserve._validate import check_dense, check_sparse
+from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseServeError,
+                                UnauthenticatedError, UnavailableError)
+
+from .config import ServerConfig
+from .registry import Registry
+from .store import HandleStore, tensor_nbytes
+
+__all__ = ["Service", "resolve_device"]
+
+log = logging.getLogger("sparseserve.server")
+
+
+def resolve_device(requested: str) -> str:
+    """The device kernels run on. Only the CPU backend exists so far."""
+    if requested in ("cpu", "auto"):
+        return "cpu"
+    raise SystemExit("--device cuda: this build has no CUDA backend; use --device cpu or auto")
+
+
+class Service:
+    def __init__(self, config: ServerConfig, registry: Registry):
+        self.config = config
+        self.registry = registry
+        self.device = resolve_device(config.device)
+        self.store = HandleStore(config.store_bytes, config.store_ttl)
+        self.tokens = config.tokens()
+        self.executor = ThreadPoolExecutor(max_workers=config.workers or os.cpu_count() or 1,
+                                           thread_name_prefix="sparseserve-kernel")
+        self.ready = False
+        self._in_flight = 0
+
+    # ------------------------------------------------------------- plumbing
+    def tenant_for(self, authorization: str | None) -> str:
+        """The tenant a bearer token names; '' when the server runs without tokens."""
+        if not self.tokens:
+            return ""
+        scheme, _, token = (authorization or "").partition(" ")
+        tenant = self.tokens.get(token) if scheme.lower() == "bearer" else None
+        if tenant is None:
+            raise UnauthenticatedError("a valid bearer token is required (Authorization: Bearer ...)",
+                                       reason="BAD_TOKEN" if authorization else "MISSING_TOKEN")
+        return tenant
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` in the kernel pool, bounded by --max-concurrency, off the event loop."""
+        if self._in_flight >= self.config.max_concurrency:
+            raise UnavailableError(f"the server is running {self._in_flight} requests, its limit "
+                                   "(--max-concurrency); retry later", reason="OVERLOADED")
+        self._in_flight += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            self._in_flight -= 1
+
+    def warm_up(self) -> None:
+        """Compile (or load from numba's disk cache) every kernel, then report ready."""
+        from sparseserve import kernels
+
+        kernels.warm_up()
+        self.ready = True
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ ops
+    async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
+        op = self.registry.get(op_name)
+        resolved = {name: self._resolve(value, tenant) for name, value in args.items()}
+        return await self.run(self._execute_sync, op, resolved, keep, tenant)
+
+    def _execute_sync(self, op, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
+        bound = op.bind(args)
+        if op.result_bytes is not None:
+            need = op.result_bytes(**bound)
+            if need > self.config.max_result_bytes:
+                raise ResourceExhaustedError(
+                    f"{op.name} would produce {need} bytes, over the result limit of "
+                    f"{self.config.max_result_bytes} bytes (--max-result-bytes)",
+                    reason="RESULT_TOO_LARGE")
+        try:
+            results = op.run(self.device, bound)
+        except SparseServeError:
+            raise
+        except MemoryError:
+            raise ResourceExhaustedError(f"{op.name} ran out of memory", reason="OUT_OF_MEMORY") from None
+        except Exception as exc:  # a bug: report it as one, keep serving
+            log.exception("op %s failed", op.name)
+            raise InternalError(f"{op.name} failed: {type(exc).__name__}: {exc}") from exc
+        outputs = [(out.name, value) for out, value in zip(op.outputs, results)]
+        if keep:
+            outputs = [(name, HandleRef(self.store.put(value, tenant)[0])) for name, value in outputs]
+        return outputs
+
+    def _resolve(self, value: Any, tenant: str) -> Any:
+        if isinstance(value, HandleRef):
+            return self.store.get(value.handle, tenant)
+        if isinstance(value, list):
+            return [self._resolve(v, tenant) for v in value]
+        return value
+
+    # -------------------------------------------------------------- tensors
+    def put(self, tensor: Any, tenant: str) -> tuple[str, int]:
+        """Validate and keep a tensor; returns (handle, bytes)."""
+        if isinstance(tensor, SparseTensor):
+            check_sparse(tensor, "tensor")
+        else:
+            check_dense(np.asarray(tensor), "tensor")
+        return self.store.put(tensor, tenant)
+
+    def get(self, handle: str, tenant: str) -> Any:
+        return self.store.get(handle, tenant)
+
+    def delete(self, handle: str, tenant: str) -> None:
+        self.store.delete(handle, tenant)
+
+    def catalogue(self) -> list[dict[str, Any]]:
+        return [op.describe() for op in self.registry]
+
+    def check_result_size(self, tensors: list[Any], limit: int, what: str) -> None:
+        size = sum(tensor_nbytes(t) for t in tensors if not isinstance(t, HandleRef))
+        if size > limit:
+            raise ResourceExhaustedError(
+                f"the {what} takes {size} bytes, over the {limit}-byte message limit; call with "
+                "keep=true and fetch the result with get (it streams in chunks)",
+                reason="MESSAGE_TOO_LARGE")

@@ -1,0 +1,107 @@
+"""The handle store: tensors kept on the server between calls.
+
+A byte budget with least-recently-used eviction and a time-to-live. Handle ids
+are 128 random bits, so they cannot be guessed; each entry remembers the
+tenant that made it and only that tenant can read or delete it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from sparseserve._tensor import SparseTensor
+from sparseserve.errors import NotFoundError, PermissionDeniedError, ResourceExhaustedError
+
+__all__ = ["HandleStore", "tensor_nbytes"]
+
+
+def tensor_nbytes(t: Any) -> int:
+    return t.nbytes if isinstance(t, SparseTensor) else int(np.asarray(t).nbytes)
+
+
+@dataclass
+class _Entry:
+    tensor: Any
+    nbytes: int
+    tenant: str
+    expires: float
+
+
+class HandleStore:
+    def __init__(self, budget_bytes: int, ttl_seconds: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.budget_bytes = int(budget_bytes)
+        self.ttl_seconds = float(ttl_seconds)
+        self._clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # oldest use first
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ public
+    def put(self, tensor: Any, tenant: str = "") -> tuple[str, int]:
+        nbytes = tensor_nbytes(tensor)
+        if nbytes > self.budget_bytes:
+            raise ResourceExhaustedError(
+                f"the tensor takes {nbytes} bytes, more than the whole store budget of "
+                f"{self.budget_bytes} bytes (--store-bytes)", reason="STORE_BUDGET")
+        handle = "h-" + secrets.token_hex(16)
+        with self._lock:
+            self._expire()
+            while self._bytes + nbytes > self.budget_bytes and self._entries:
+                self._drop(next(iter(self._entries)))
+                self.evictions += 1
+            self._entries[handle] = _Entry(tensor, nbytes, tenant, self._clock() + self.ttl_seconds)
+            self._bytes += nbytes
+        return handle, nbytes
+
+    def get(self, handle: str, tenant: str = "") -> Any:
+        with self._lock:
+            self._expire()
+            entry = self._owned(handle, tenant)
+            self._entries.move_to_end(handle)
+            entry.expires = self._clock() + self.ttl_seconds
+            return entry.tensor
+
+    def delete(self, handle: str, tenant: str = "") -> None:
+        with self._lock:
+            self._expire()
+            self._owned(handle, tenant)
+            self._drop(handle)
+
+    def stats(self) -> tuple[int, int]:
+        """(handles, bytes) held now."""
+        with self._lock:
+            self._expire()
+            return len(self._entries), self._bytes
+
+    # ----------------------------------------------------------------- private
+    def _owned(self, handle: str, tenant: str) -> _Entry:
+        entry = self._entries.get(handle)
+        if entry is None:
+            raise NotFoundError(f"no tensor with handle {handle!r}: never made, deleted, expired "
+                                "or evicted", reason="UNKNOWN_HANDLE")
+        if entry.tenant != tenant:
+            raise PermissionDeniedError(f"handle {handle!r} belongs to another tenant",
+                                        reason="OTHER_TENANT")
+        return entry
+
+    def _drop(self, handle: str) -> None:
+        entry = self._entries.pop(handle)
+        self._bytes -= entry.nbytes
+
+    def _expire(self) -> None:
+        now = self._clock()
+        # Entries are in last-use order and each use renews the TTL, so expired ones lead.
+        while self._entries:
+            handle, entry = next(iter(self._entries.items()))
+            if entry.expires > now:
+                break
+            self._drop(handle)

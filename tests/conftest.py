@@ -1,0 +1,98 @@
+"""Shared fixtures: a real ``sparseserve serve`` process on free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ServerProcess:
+    """``sparseserve serve`` in a child process; ports are read from its "listening" line."""
+
+    def __init__(self, *flags: str, env: dict[str, str] | None = None, wait_ready: bool = True,
+                 timeout: float = 240.0):
+        cmd = [sys.executable, "-m", "sparseserve.cli", "serve", "--grpc-port", "0", "--http-port", "0",
+               "--log-level", "warning", *flags]
+        self.events: list[dict] = []
+        self.stderr_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"sparseserve-{os.getpid()}-{id(self)}.log"
+        self._stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     env={**os.environ, **(env or {})}, cwd=ROOT)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        listening = self.wait_for("listening", timeout)
+        self.grpc_port = listening["grpc_port"]
+        self.http_port = listening["http_port"]
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
+        if wait_ready:
+            self.wait_for("ready", timeout)
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.events.append(json.loads(line))
+            except ValueError:
+                pass
+
+    def wait_for(self, event: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.events:
+                if e.get("event") == event:
+                    return e
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"no {event!r} event within {timeout} s: {self.log()}")
+
+    def log(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server():
+    srv = ServerProcess()
+    yield srv
+    code = srv.stop()
+    assert code == 0, f"server exited with {code}: {srv.log()}"
+
+
+# The three ways the SDK can reach a server.
+WIRES = ("grpc", "rest-protobuf", "rest-json")
+
+
+def make_client(server: ServerProcess, wire: str, **kwargs):
+    from sparseserve import Client
+
+    if wire == "grpc":
+        return Client(server.grpc_target, **kwargs)
+    return Client(server.http_url, encoding="protobuf" if wire == "rest-protobuf" else "json", **kwargs)
+
+
+@pytest.fixture(params=WIRES)
+def client(request, server):
+    with make_client(server, request.param) as c:
+        yield c

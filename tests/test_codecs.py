@@ -1,0 +1,212 @@
+"""Protobuf and JSON codecs and the chunked stream framing: round trips for
+every dtype and layout, and malformed input refused with the argument named."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sparseserve import SparseTensor
+from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_chunks, tensor_from_pb,
+                                tensor_to_pb, value_from_pb, value_to_pb)
+from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve._json import tensor_from_json, tensor_to_json
+from sparseserve._tensor import HandleRef
+from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError
+from sparseserve.v1 import sparseserve_pb2 as pb
+
+
+def sample_values(dtype: str, shape) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    raw = rng.integers(-3, 4, size=shape)
+    if dtype == "bool":
+        return raw > 0
+    if dtype.startswith("uint"):
+        return np.abs(raw).astype(dtype)
+    if dtype.startswith("complex"):
+        return (raw + 1j * rng.integers(-3, 4, size=shape)).astype(dtype)
+    return raw.astype(dtype)
+
+
+def coo_sample(dtype: str, dense_dims=()) -> SparseTensor:
+    return SparseTensor(indices=[[2, 1], [0, 3], [2, 1]], values=sample_values(dtype, (3, *dense_dims)),
+                        dense_shape=[4, 5, *dense_dims])
+
+
+def csr_sample(dtype: str, index_dtype="int32") -> SparseTensor:
+    return SparseTensor(layout="csr", compressed_indices=np.array([0, 1, 1, 3], index_dtype),
+                        plain_indices=np.array([2, 0, 1], index_dtype), values=sample_values(dtype, (3,)),
+                        dense_shape=[3, 4])
+
+
+def bsr_sample(dtype: str) -> SparseTensor:
+    # batch of 2, 4x4 blocks of 2x2, 1 block per batch, dense dim 3
+    return SparseTensor(layout="bsr", compressed_indices=np.array([[0, 1, 1], [0, 0, 1]]),
+                        plain_indices=np.array([[1], [0]]), values=sample_values(dtype, (2, 1, 2, 2, 3)),
+                        dense_shape=[2, 4, 4, 3], blocksize=[2, 2])
+
+
+def assert_same(a, b):
+    if isinstance(a, SparseTensor):
+        assert isinstance(b, SparseTensor)
+        assert (a.layout, a.dense_shape, a.blocksize) == (b.layout, b.dense_shape, b.blocksize)
+        for x, y in zip(a.arrays(), b.arrays()):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x, y)
+    else:
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+SAMPLES = {"coo": coo_sample, "coo-hybrid": lambda d: coo_sample(d, (2,)), "csr": csr_sample,
+           "bsr-batched": bsr_sample, "dense": lambda d: sample_values(d, (2, 3))}
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("kind", SAMPLES)
+def test_protobuf_round_trip(dtype, kind):
+    t = SAMPLES[kind](dtype)
+    wire = pb.Tensor.FromString(tensor_to_pb(t).SerializeToString())
+    assert_same(t, tensor_from_pb(wire, "t"))
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("kind", SAMPLES)
+def test_json_round_trip(dtype, kind):
+    t = SAMPLES[kind](dtype)
+    assert_same(t, tensor_from_json(json.loads(json.dumps(tensor_to_json(t))), "t"))
+
+
+@pytest.mark.parametrize("kind", SAMPLES)
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_chunked_round_trip(kind, chunk):
+    t = SAMPLES[kind]("complex128")
+    assert_same(t, assemble(iter_chunks(t, chunk)))
+
+
+def test_decoded_arrays_are_views_of_the_message_bytes():
+    values = np.arange(1000, dtype=np.float64)
+    msg = pb.Tensor.FromString(tensor_to_pb(values).SerializeToString())
+    decoded = tensor_from_pb(msg, "t")
+    assert not decoded.flags.owndata  # np.frombuffer, no per-element decode
+
+
+def test_big_endian_input_is_sent_little_endian():
+    a = np.arange(4, dtype=">i4")
+    msg = tensor_to_pb(a)
+    assert msg.dense.data == np.arange(4, dtype="<i4").tobytes()
+    np.testing.assert_array_equal(tensor_from_pb(msg, "t"), a)
+
+
+def test_json_non_finite_and_complex_conventions():
+    t = SparseTensor(indices=[[0], [1], [2]], values=np.array([np.nan, np.inf, -np.inf]), dense_shape=[3])
+    body = tensor_to_json(t)
+    assert body["values"] == ["NaN", "Infinity", "-Infinity"]
+    back = tensor_from_json(body, "t")
+    assert np.isnan(back.values[0]) and back.values[1] == np.inf and back.values[2] == -np.inf
+    c = tensor_to_json(np.array([1 + 2j], dtype=np.complex64))
+    assert c == {"dtype": "complex64", "shape": [1], "data": [[1.0, 2.0]]}
+
+
+def test_json_dtype_inferred_and_empty_forms():
+    t = tensor_from_json({"indices": [[0, 0], [1, 2]], "values": [1, 2], "dense_shape": [3, 4]}, "sp")
+    assert t.values.dtype == np.int64 and t.indices.shape == (2, 2)
+    empty = tensor_from_json({"indices": [], "values": [], "dense_shape": [3, 4], "dtype": "float32"}, "sp")
+    assert empty.indices.shape == (0, 2) and empty.values.shape == (0,) and empty.dtype == np.float32
+    assert_same(tensor_from_json([[1, 2], [3, 4]], "d"), np.array([[1, 2], [3, 4]]))
+    assert tensor_from_json({"handle": "h-1"}, "x") == HandleRef("h-1")
+
+
+@pytest.mark.parametrize("body, reason, words", [
+    ({"indices": [[0]], "values": [1.5], "dense_shape": [3], "dtype": "int32"}, "BAD_JSON_TENSOR", "sp.values"),
+    ({"indices": [[0]], "values": [300], "dense_shape": [3], "dtype": "int8"}, "BAD_JSON_TENSOR", "int8"),
+    ({"indices": [[0]], "values": [1], "dense_shape": [3], "dtype": "str"}, "BAD_DTYPE", "sp.dtype"),
+    ({"indices": [[0.5]], "values": [1], "dense_shape": [3]}, "INDEX_DTYPE", "sp.indices"),
+    ({"indices": [[0]], "values": [1], "dense_shape": "3"}, "BAD_JSON_TENSOR", "sp.dense_shape"),
+    ({"indices": [[0]], "values": [[1], [2, 3]], "dense_shape": [3]}, "BAD_JSON_TENSOR", "sp.values"),
+    ({"dtype": "float64", "shape": [2, 2], "data": [1, 2, 3]}, "BUFFER_LENGTH", "sp.data"),
+    ({"indices": [[0]], "values": [1], "dense_shape": [3], "layout": "dia"}, "BAD_LAYOUT", "sp.layout"),
+    ({"shape": [1]}, "BAD_JSON_TENSOR", "sp is not a tensor"),
+])
+def test_json_malformed(body, reason, words):
+    with pytest.raises(InvalidArgumentError) as info:
+        tensor_from_json(body, "sp")
+    assert info.value.reason == reason
+    assert words in info.value.message
+
+
+def test_protobuf_buffer_length_checked():
+    msg = pb.Array(dtype=pb.FLOAT64, shape=[3], data=b"\0" * 23)
+    with pytest.raises(InvalidArgumentError, match=r"x.data has 23 bytes but dtype float64 and shape \[3\] imply 24") as info:
+        array_from_pb(msg, "x")
+    assert info.value.reason == "BUFFER_LENGTH"
+
+
+@pytest.mark.parametrize("msg, reason", [
+    (pb.Array(dtype=pb.DTYPE_UNSPECIFIED, shape=[1], data=b"\0"), "BAD_DTYPE"),
+    (pb.Array(dtype=pb.INT8, shape=[-1], data=b""), "NEGATIVE_DIMENSION"),
+    (pb.Array(dtype=pb.INT8, shape=[1 << 40, 1 << 40], data=b""), "SHAPE_OVERFLOW"),
+    (pb.Array(dtype=99, shape=[1], data=b"\0"), "BAD_DTYPE"),
+])
+def test_protobuf_array_header_checked(msg, reason):
+    with pytest.raises(InvalidArgumentError) as info:
+        array_from_pb(msg, "x")
+    assert info.value.reason == reason
+
+
+def test_empty_tensor_message_refused():
+    with pytest.raises(InvalidArgumentError, match="arg is an empty Tensor message"):
+        tensor_from_pb(pb.Tensor(), "arg")
+
+
+def test_values_round_trip():
+    args = [None, True, 3, 2.5, "x", [1, [2, 3]], np.float32(1.5), 1 + 2j]
+    for v in args:
+        back = value_from_pb(pb.Value.FromString(value_to_pb(v).SerializeToString()), "v")
+        if isinstance(v, (np.generic, complex)):
+            assert back.shape == () and back == v and back.dtype == np.asarray(v).dtype
+        else:
+            assert back == v
+
+
+class TestChunkAssembler:
+    def chunks(self):
+        return list(iter_chunks(coo_sample("float64"), 8))
+
+    def test_refuses_a_tensor_over_the_limit_before_allocating(self):
+        header = pb.TensorChunk(header=tensor_to_pb(np.zeros(0), with_data=False))
+        header.header.dense.shape[:] = [1 << 30, 1 << 10]
+        with pytest.raises(ResourceExhaustedError, match="over the limit of 1000 bytes"):
+            ChunkAssembler("t", max_bytes=1000).add(header)
+
+    def test_too_many_bytes(self):
+        a = ChunkAssembler("t")
+        for c in self.chunks():
+            a.add(c)
+        with pytest.raises(InvalidArgumentError) as info:
+            a.add(pb.TensorChunk(data=b"x"))
+        assert info.value.reason == "BUFFER_LENGTH"
+
+    def test_too_few_bytes(self):
+        a = ChunkAssembler("t")
+        for c in self.chunks()[:-1]:
+            a.add(c)
+        with pytest.raises(InvalidArgumentError, match="the stream ended after"):
+            a.finish()
+
+    @pytest.mark.parametrize("stream", ["data-first", "two-headers", "no-header", "data-in-header"])
+    def test_bad_framing(self, stream):
+        chunks = self.chunks()
+        if stream == "data-first":
+            chunks = chunks[1:]
+        elif stream == "two-headers":
+            chunks = [chunks[0], chunks[0]]
+        elif stream == "no-header":
+            chunks = []
+        else:
+            chunks = [pb.TensorChunk(header=tensor_to_pb(np.zeros(3)))]
+        with pytest.raises(InvalidArgumentError) as info:
+            assemble(chunks)
+        assert info.value.reason == "BAD_STREAM"

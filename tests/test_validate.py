@@ -1,0 +1,115 @@
+"""SPEC section 2 invariants: every rule refused with its reason and a message
+that names the argument; valid tensors pass untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseserve import SparseTensor
+from sparseserve._validate import check_dense, check_sparse
+from sparseserve.errors import InvalidArgumentError
+
+
+def coo(indices, values, shape, **kw):
+    return SparseTensor(indices=np.asarray(indices, dtype=np.int64).reshape(-1, len(indices[0]) if len(indices) else len(shape)),
+                        values=values, dense_shape=shape, **kw)
+
+
+def refuses(t, reason, message=None):
+    with pytest.raises(InvalidArgumentError) as info:
+        check_sparse(t, "sp_input")
+    assert info.value.reason == reason, info.value.message
+    if message:
+        assert message in info.value.message, info.value.message
+    return info.value
+
+
+def test_spec_example_message():
+    t = coo([[0, 0], [1, 2], [2, 3], [0, 7]], [1.0, 2.0, 3.0, 4.0], [3, 4])
+    refuses(t, "INDEX_OUT_OF_RANGE", "sp_input.indices[3, 1] = 7 is out of range for sp_input.dense_shape[1] = 4")
+
+
+@pytest.mark.parametrize("t, reason, message", [
+    (coo([[0, -1]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", "sp_input.indices[0, 1] = -1"),
+    (coo([[3, 0]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", "dense_shape[0] = 3"),
+    (coo([[0, 0]], [1.0], [3, -4]), "NEGATIVE_DIMENSION", "sp_input.dense_shape[1] = -4 is negative"),
+    (coo([[0, 0]], [1.0], [1 << 40, 1 << 40]), "SHAPE_OVERFLOW", "more than int64"),
+    (coo([[0, 0]], [1.0, 2.0], [3, 4]), "VALUES_SHAPE_MISMATCH", "sp_input.values has shape [2]"),
+    (coo([[0, 0, 0]], [1.0], [3, 4]), "RANK_MISMATCH", "3 columns"),
+    (coo([[0]], [1.0], [3, 4]), "VALUES_SHAPE_MISMATCH", "imply [1, 4]"),
+    (SparseTensor(indices=np.zeros((1, 2), np.int32), values=[1.0], dense_shape=[3, 4]), None, None),
+    (SparseTensor(indices=np.zeros((1, 2), np.float64), values=[1.0], dense_shape=[3, 4]), "INDEX_DTYPE", "int64"),
+    (SparseTensor(indices=np.zeros(2, np.int64), values=[1.0], dense_shape=[3, 4]), "INDICES_RANK", "rank 1"),
+    (SparseTensor(indices=[[0, 0]], values=np.array(["a"]), dense_shape=[3, 4]), "BAD_DTYPE", "sp_input.values"),
+])
+def test_coo_rules(t, reason, message):
+    if reason is None:  # int32 indices are widened to int64 at construction
+        check_sparse(t, "sp_input")
+        return
+    refuses(t, reason, message)
+
+
+def csr(ci, pi, values, shape, layout="csr", blocksize=None, index_dtype=np.int64):
+    return SparseTensor(layout=layout, compressed_indices=np.asarray(ci, index_dtype),
+                        plain_indices=np.asarray(pi, index_dtype), values=values, dense_shape=shape,
+                        blocksize=blocksize)
+
+
+@pytest.mark.parametrize("t, reason, message", [
+    (csr([1, 1, 2], [0, 1], [1.0, 2.0], [2, 3]), "COMPRESSED_START", "start at 0"),
+    (csr([0, 2, 1], [0, 1], [1.0, 2.0], [2, 3]), "COMPRESSED_DECREASING", "never decrease"),
+    (csr([0, 0, 4], [0, 1, 2, 0], np.ones(4), [2, 3]), "COMPRESSED_STEP", "more than the plain dimension 3"),
+    (csr([0, 1, 1], [0, 1], [1.0, 2.0], [2, 3]), "COMPRESSED_END", "nse = 2"),
+    (csr([0, 1, 2], [0, 3], [1.0, 2.0], [2, 3]), "INDEX_OUT_OF_RANGE", "sp_input.plain_indices[1] = 3"),
+    (csr([0, 1], [0], [1.0], [2, 3]), "COMPRESSED_LENGTH", "needs 3"),
+    (csr([0, 1, 2], [0, 1], [1.0], [2, 3]), "VALUES_SHAPE_MISMATCH", None),
+    (csr([0, 1], [0], np.ones((1, 2, 2)), [3, 4], layout="bsr", blocksize=[2, 2]), "BLOCKSIZE", "does not divide"),
+    (csr([0, 1], [0], np.ones((1, 2, 2)), [2, 4], layout="bsr"), "BLOCKSIZE", "two positive"),
+    (csr([0, 1, 1], [0], np.ones(1), [2, 3], blocksize=[1, 1]), "BLOCKSIZE", "only allowed"),
+    (SparseTensor(layout="csr", compressed_indices=np.array([0, 1, 1], np.int32),
+                  plain_indices=np.array([0], np.int64), values=[1.0], dense_shape=[2, 3]), "INDEX_DTYPE", "share"),
+    (csr([[0, 1, 1]], [[0]], np.ones((1, 1)), [2, 2, 3]), "BATCH_MISMATCH", "batch shape"),
+    (csr([0, 1, 1], [0], [1.0], [3]), "RANK_MISMATCH", None),
+])
+def test_compressed_rules(t, reason, message):
+    refuses(t, reason, message)
+
+
+def test_valid_compressed_layouts_pass():
+    check_sparse(csr([0, 1, 1, 3], [2, 0, 1], np.ones(3), [3, 4], index_dtype=np.int32), "a")
+    check_sparse(csr([[0, 1, 1], [0, 0, 1]], [[1], [0]], np.ones((2, 1, 2, 2, 3)), [2, 4, 4, 3],
+                     layout="bsr", blocksize=[2, 2]), "a")
+    check_sparse(csr([0, 1, 1, 1], [1], np.ones(1), [2, 3], layout="csc"), "a")
+    check_sparse(csr([0], [], np.ones(0), [0, 0], index_dtype=np.int32), "a")
+    check_sparse(csr([0, 0, 0], [], np.ones(0), [2, 0], index_dtype=np.int32), "a")
+
+
+def test_dense_rules():
+    check_dense(np.zeros((2, 3), np.float16), "x")
+    with pytest.raises(InvalidArgumentError, match="x has dtype <U1"):
+        check_dense(np.array(["a"]), "x")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_random_coo_accepted_iff_every_index_in_range(data):
+    ndim = data.draw(st.integers(1, 4))
+    shape = data.draw(st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim))
+    nnz = data.draw(st.integers(0, 6))
+    indices = np.array(data.draw(st.lists(st.lists(st.integers(-2, 7), min_size=ndim, max_size=ndim),
+                                          min_size=nnz, max_size=nnz)), dtype=np.int64).reshape(nnz, ndim)
+    t = SparseTensor(indices=indices, values=np.ones(nnz), dense_shape=shape)
+    in_range = bool(np.all((indices >= 0) & (indices < np.array(shape)))) if nnz else True
+    if in_range:
+        check_sparse(t, "t")
+    else:
+        refuses_t = pytest.raises(InvalidArgumentError)
+        with refuses_t as info:
+            check_sparse(t, "t")
+        assert info.value.reason == "INDEX_OUT_OF_RANGE"
+        # The message points at a real offender.
+        pos = [int(x) for x in info.value.message.split("[", 1)[1].split("]", 1)[0].split(", ")]
+        assert not 0 <= indices[pos[0], pos[1]] < shape[pos[1]]
