@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._sort import (delinearize_kernel, first_disorder_kernel, linearize, radix_argsort_kernel,
-                    segment_starts_kernel)
+from ._sort import (delinearize_kernel, first_disorder_kernel, gather_rows, linearize,
+                    radix_argsort_kernel, segment_starts_kernel)
 
 
 @njit(nogil=True, cache=True)
@@ -74,7 +74,7 @@ def _sorted(indices: np.ndarray, dense_shape) -> tuple[np.ndarray, np.ndarray]:
 def reorder(indices, values, dense_shape):
     """Row-major order, duplicates kept, stable (tf.sparse.reorder)."""
     perm, _ = _sorted(indices, dense_shape)
-    return np.ascontiguousarray(indices[perm]), np.ascontiguousarray(values[perm])
+    return gather_rows(indices, perm), gather_rows(values, perm)
 
 
 def _segment_sum(values2d: np.ndarray, perm: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -95,7 +95,8 @@ def coalesce(indices, values, dense_shape):
     nnz = indices.shape[0]
     perm, keys = _sorted(indices, dense_shape)
     starts = segment_starts_kernel(keys)
-    out_indices = np.ascontiguousarray(indices[perm[starts]])
+    # Unique indices from the sorted keys: sequential, unlike gathering rows of ``indices``.
+    out_indices = delinearize_kernel(keys[starts], np.asarray(dense_shape[:indices.shape[1]], np.int64))
     summed = _segment_sum(_values2d(values, nnz), perm, starts)
     return out_indices, summed.reshape((starts.size, *values.shape[1:]))
 
@@ -132,5 +133,5 @@ def from_dense(array, sparse_dim: int):
     else:
         rows_nz = nonzero_rows_kernel(rows)
     indices = delinearize_kernel(rows_nz, np.asarray(lead, dtype=np.int64))
-    values = rows[rows_nz].reshape((rows_nz.size, *array.shape[sparse_dim:]))
-    return indices, np.ascontiguousarray(values)
+    values = gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
+    return indices, values

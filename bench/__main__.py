@@ -1,0 +1,93 @@
+"""In-process kernel benchmarks against scipy, numpy and (when installed) PyTorch.
+
+Same data, same run; prints seconds and ratios (peer time / our time: above 1
+means sparseserve is faster). Peers are optional: a missing one is reported
+and skipped. ``python -m bench --nnz 1000000`` for a quicker run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import time
+
+import numpy as np
+
+from sparseserve import kernels
+
+
+def best_of(fn, repeat: int) -> float:
+    fn()  # warm: compile or load kernels, touch memory
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def coo_data(nnz: int, n: int, dup_fraction: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, n, size=(nnz, 2), dtype=np.int64)
+    dups = int(nnz * dup_fraction)
+    indices[nnz - dups:] = indices[rng.integers(0, nnz - dups, dups)]
+    return indices, rng.standard_normal(nnz)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--nnz", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=100_000)
+    parser.add_argument("--dense", type=int, default=4_000, help="side of the dense square")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    rows: list[tuple[str, str, float, float]] = []
+
+    indices, values = coo_data(args.nnz, args.dim, 0.10)
+    shape = (args.dim, args.dim)
+    ours = best_of(lambda: kernels.coalesce(indices, values, shape), args.repeat)
+    try:
+        import scipy.sparse as sp
+
+        peer = best_of(lambda: sp.coo_matrix((values, (indices[:, 0], indices[:, 1])), shape=shape).tocsr(),
+                       args.repeat)
+        rows.append(("coalesce", "scipy coo.tocsr()", ours, peer))
+    except ImportError:
+        print("scipy not installed: skipping the scipy peer")
+    try:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        ti, tv = torch.from_numpy(indices.T.copy()), torch.from_numpy(values)
+        peer = best_of(lambda: torch.sparse_coo_tensor(ti, tv, shape).coalesce(), args.repeat)
+        rows.append(("coalesce", "torch coalesce()", ours, peer))
+    except ImportError:
+        print("torch not installed: skipping the torch peer (pip install torch==2.13.0)")
+
+    ours = best_of(lambda: kernels.reorder(indices, values, shape), args.repeat)
+    peer = best_of(lambda: (lambda o: (indices[o], values[o]))(np.lexsort(indices.T[::-1])), args.repeat)
+    rows.append(("reorder", "np.lexsort + gather", ours, peer))
+
+    # Dense round trip at 10% density, against a numpy copy of the dense array (memory bandwidth).
+    rng = np.random.default_rng(1)
+    dense = np.where(rng.random((args.dense, args.dense)) < 0.1, 1.0, 0.0)
+    di, dv = kernels.from_dense(dense, 2)
+    copy = best_of(lambda: dense.copy(), args.repeat)
+    ours = best_of(lambda: kernels.to_dense(di, dv, dense.shape, 0.0, True), args.repeat)
+    rows.append(("to_dense", "numpy copy of the output", ours, copy))
+    ours = best_of(lambda: kernels.from_dense(dense, 2), args.repeat)
+    rows.append(("from_dense", "numpy copy of the input", ours, copy))
+
+    print(f"\n{datetime.date.today()} on {platform.machine()} with {os.cpu_count()} cores, "
+          f"{platform.python_implementation()} {platform.python_version()}; "
+          f"nnz={args.nnz:,} in {args.dim:,}^2 (10% duplicates), dense {args.dense:,}^2 float64\n")
+    print("| op | peer | sparseserve (s) | peer (s) | peer / sparseserve |")
+    print("|---|---|---|---|---|")
+    for op, peer_name, ours, peer in rows:
+        print(f"| {op} | {peer_name} | {ours:.4f} | {peer:.4f} | {peer / ours:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
