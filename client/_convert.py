@@ -161,15 +161,24 @@ def sparse_to_scipy(t: SparseTensor):
     return sparse_to_scipy(t.to_coo())  # scipy has no BSC
 
 
+def _to_torch_array(a: np.ndarray):
+    import torch
+
+    # Arrays decoded from the wire are read-only views of the message; torch
+    # tensors are always writable, so those are copied.
+    a = np.ascontiguousarray(a)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
 def sparse_to_torch(t: SparseTensor):
     import torch
 
+    # torch's invariant checks are on: a SparseTensor built by hand may not have been validated.
     if t.layout == "coo":
-        return torch.sparse_coo_tensor(torch.from_numpy(np.ascontiguousarray(t.indices.T)),
-                                       torch.from_numpy(np.ascontiguousarray(t.values)),
-                                       size=t.dense_shape, is_coalesced=t.coalesced or None)
+        return torch.sparse_coo_tensor(_to_torch_array(t.indices.T), _to_torch_array(t.values),
+                                       size=t.dense_shape, is_coalesced=t.coalesced or None,
+                                       check_invariants=True)
     ctor = {"csr": torch.sparse_csr_tensor, "csc": torch.sparse_csc_tensor,
             "bsr": torch.sparse_bsr_tensor, "bsc": torch.sparse_bsc_tensor}[t.layout]
-    return ctor(torch.from_numpy(np.ascontiguousarray(t.compressed_indices)),
-                torch.from_numpy(np.ascontiguousarray(t.plain_indices)),
-                torch.from_numpy(np.ascontiguousarray(t.values)), size=t.dense_shape)
+    return ctor(_to_torch_array(t.compressed_indices), _to_torch_array(t.plain_indices),
+                _to_torch_array(t.values), size=t.dense_shape, check_invariants=True)

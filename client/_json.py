@@ -137,6 +137,9 @@ def _int_list(obj: dict, key: str, name: str) -> list[int]:
     value = obj.get(key)
     if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
         raise _bad(f"{name}.{key} must be a list of integers")
+    for axis, d in enumerate(value):
+        if not -(1 << 63) <= d < (1 << 63):
+            raise _bad(f"{name}.{key}[{axis}] = {d} does not fit in int64", reason="SHAPE_OVERFLOW")
     return value
 
 

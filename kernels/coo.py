@@ -73,8 +73,11 @@ def _sorted(indices: np.ndarray, dense_shape) -> tuple[np.ndarray, np.ndarray]:
 
 def reorder(indices, values, dense_shape):
     """Row-major order, duplicates kept, stable (tf.sparse.reorder)."""
-    perm, _ = _sorted(indices, dense_shape)
-    return gather_rows(indices, perm), gather_rows(values, perm)
+    perm, keys = _sorted(indices, dense_shape)
+    # Keys and index rows are in one-to-one correspondence, so the sorted indices
+    # come from the sorted keys sequentially instead of by a random gather.
+    sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
+    return delinearize_kernel(keys, sparse_shape), gather_rows(values, perm)
 
 
 def _segment_sum(values2d: np.ndarray, perm: np.ndarray, starts: np.ndarray) -> np.ndarray:

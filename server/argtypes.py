@@ -50,14 +50,17 @@ def _coerce_tensor(value: Any, arg: "Arg", op: str, kind: ArgType) -> Any:
     if not isinstance(value, (SparseTensor, np.ndarray)):
         raise InvalidArgumentError(f"{arg.name} must be a tensor, not {type(value).__name__}",
                                    reason="BAD_ARGUMENT_TYPE")
+    # Validate first: a malformed tensor is INVALID_ARGUMENT whatever its layout.
+    if isinstance(value, SparseTensor):
+        check_sparse(value, arg.name)
+    else:
+        check_dense(value, arg.name)
     layout = _layout_of(value)
     if layout not in arg.layouts:
         raise UnimplementedError(
             f"{op} does not support layout {layout} for {arg.name}; it accepts "
             f"{', '.join(arg.layouts)}", reason="UNSUPPORTED_LAYOUT")
-    if isinstance(value, SparseTensor):
-        return check_sparse(value, arg.name)
-    return check_dense(value, arg.name)
+    return value
 
 
 def _scalar_of_array(value: Any, name: str) -> Any:

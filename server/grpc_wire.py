@@ -104,7 +104,11 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         return await self._guard(context, run())
 
     async def ListOps(self, request: pb.ListOpsRequest, context) -> pb.ListOpsResponse:
-        return catalogue_to_pb(self.service.catalogue(), self.service.device)
+        async def run():
+            _tenant(self.service, context)
+            return catalogue_to_pb(self.service.catalogue(), self.service.device)
+
+        return await self._guard(context, run())
 
 
 def _encode_outputs(outputs) -> pb.ExecuteResponse:

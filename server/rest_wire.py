@@ -147,10 +147,8 @@ def create_app(service: Service) -> FastAPI:
         """Store a tensor (JSON tensor or protobuf `Tensor`) and return its handle."""
         tenant = service.tenant_for(request.headers.get("authorization"))
         body = await _read_body(request, service)
-        if _is_protobuf_body(request):
-            tensor = await service.run(_decode_pb_tensor, body)
-        else:
-            tensor = tensor_from_json(_parse_json(body), "tensor")
+        decode = _decode_pb_tensor if _is_protobuf_body(request) else _decode_json_tensor
+        tensor = await service.run(decode, body)
         handle, nbytes = await service.run(service.put, tensor, tenant)
         if _wants_protobuf(request):
             return Response(pb.Handle(handle=handle, nbytes=nbytes).SerializeToString(), media_type=PROTOBUF)
@@ -225,6 +223,10 @@ TENSOR_SCHEMAS = {
 }
 
 
+def _decode_json_tensor(body: bytes):
+    return tensor_from_json(_parse_json(body), "tensor")
+
+
 def _decode_pb_tensor(body: bytes):
     msg = pb.Tensor()
     try:
@@ -233,6 +235,22 @@ def _decode_pb_tensor(body: bytes):
         raise InvalidArgumentError("the body is not a sparseserve.v1.Tensor message",
                                    reason="BAD_JSON") from None
     return tensor_from_pb(msg, "tensor")
+
+
+def _decode_op_body(body: bytes, protobuf: bool) -> tuple[dict[str, Any], bool]:
+    """(arguments, keep) from a protobuf ExecuteRequest or a JSON object of named arguments."""
+    if protobuf:
+        msg = pb.ExecuteRequest()
+        try:
+            msg.ParseFromString(body)
+        except Exception:
+            raise InvalidArgumentError("the body is not a sparseserve.v1.ExecuteRequest message",
+                                       reason="BAD_JSON") from None
+        return {name: value_from_pb(v, name) for name, v in msg.args.items()}, msg.keep
+    obj = _parse_json(body) if body else {}
+    if not isinstance(obj, dict):
+        raise InvalidArgumentError("the body must be a JSON object of named arguments", reason="BAD_JSON")
+    return {name: _json_arg(v, name) for name, v in obj.items()}, False
 
 
 def _op_schema(op: OpDef) -> dict:
@@ -253,21 +271,9 @@ def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
     async def run_op(request: Request, keep: bool = False):
         tenant = service.tenant_for(request.headers.get("authorization"))
         body = await _read_body(request, service)
-        if _is_protobuf_body(request):
-            msg = pb.ExecuteRequest()
-            try:
-                msg.ParseFromString(body)
-            except Exception:
-                raise InvalidArgumentError("the body is not a sparseserve.v1.ExecuteRequest message",
-                                           reason="BAD_JSON") from None
-            args = {name: value_from_pb(v, name) for name, v in msg.args.items()}
-            keep = keep or msg.keep
-        else:
-            obj = _parse_json(body) if body else {}
-            if not isinstance(obj, dict):
-                raise InvalidArgumentError("the body must be a JSON object of named arguments",
-                                           reason="BAD_JSON")
-            args = {name: _json_arg(v, name) for name, v in obj.items()}
+        protobuf = _is_protobuf_body(request)
+        args, keep_in_body = await service.run(_decode_op_body, body, protobuf)
+        keep = keep or keep_in_body
         outputs = await service.execute(op.name, args, keep, tenant)
         if _wants_protobuf(request):
             service.check_result_size([t for _, t in outputs], service.config.max_request_bytes,

@@ -4,6 +4,7 @@ protobuf bodies and REST with JSON, and raw HTTP as a non-Python caller would.""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import grpc
 import httpx
@@ -279,3 +280,35 @@ def test_async_client(server):
         return results
 
     assert asyncio.run(main()) == [([2, 4], [2, 4, 0])] * 3
+
+
+HOSTILE_BODIES = [
+    {"sp_input": {"indices": [[0]], "values": [1], "dense_shape": [10**30]}},
+    {"sp_input": {"indices": [[10**30]], "values": [1], "dense_shape": [3]}},
+    {"sp_input": {"indices": [[-1]], "values": [1], "dense_shape": [3]}},
+    {"sp_input": {"indices": [[0]], "values": [1], "dense_shape": [-3]}},
+    {"sp_input": {"indices": [[0, 0]], "values": [1], "dense_shape": [2**62, 2**62]}},
+    {"sp_input": {"indices": [[0]], "values": ["a"], "dense_shape": [3]}},
+    {"sp_input": {"indices": [[0]], "values": [{"x": 1}], "dense_shape": [3]}},
+    {"sp_input": {"indices": "nope", "values": [1], "dense_shape": [3]}},
+    {"sp_input": {"indices": [[0]], "dense_shape": [3]}},
+    {"sp_input": {"compressed_indices": [0, 1], "plain_indices": [5], "values": [1.0], "dense_shape": [1, 2]}},
+    {"sp_input": {"compressed_indices": [0, 1], "values": [1.0], "dense_shape": [1, 2], "layout": "csr"}},
+    {"sp_input": 5},
+    {"sp_input": None},
+    {"sp_input": {"indices": [[0]], "values": [1], "dense_shape": [3]}, "default_value": "x"},
+    {"sp_input": {"indices": [[0]], "values": [1], "dense_shape": [3]}, "validate_indices": 3},
+    {"sp_input": {"indices": [[0]], "values": [1], "dense_shape": [3]}, "default_value": [[[1]]]},
+    {"sp_input": {"dtype": "float64", "shape": [2**40, 2**40], "data": []}},
+    {"sp_input": json.loads("[" * 100 + "1" + "]" * 100)},
+    {"tensor": {"dtype": "float64", "shape": [3], "data": [1, 2, 3]}, "sparse_dim": 2**70},
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE_BODIES, ids=range(len(HOSTILE_BODIES)))
+def test_hostile_json_gets_a_client_error_not_a_crash(server, body):
+    op = "from_dense" if "tensor" in body else "to_dense"
+    r = httpx.post(f"{server.http_url}/v1/ops/{op}", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error"]["code"] in ("INVALID_ARGUMENT", "UNIMPLEMENTED", "RESOURCE_EXHAUSTED")
+    assert httpx.get(f"{server.http_url}/healthz").status_code == 200
