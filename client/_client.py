@@ -8,7 +8,6 @@ The op methods are not written here: they come from the server's catalogue
 from __future__ import annotations
 
 import inspect
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +15,8 @@ import grpc
 import httpx
 
 from . import _wire
-from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks, tensor_to_pb
+from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
 from ._convert import as_tensor, is_tensor_like
-from ._json import tensor_to_json
 from ._tensor import HandleRef
 from .errors import SparseServeError
 from .v1 import sparseserve_pb2 as pb
@@ -187,18 +185,9 @@ class Client(_Base):
         if self.wire == "grpc":
             request = _wire.execute_request(op, named, keep)
             outputs = _wire.outputs_from_pb(self._grpc(self._stub.Execute, request))
-        elif self.encoding == "protobuf":
-            body = _wire.execute_request(op, named, keep).SerializeToString()
-            response = self._http_call("POST", f"/v1/ops/{op}", content=body,
-                                       headers={"content-type": _wire.PROTOBUF})
-            reply = pb.ExecuteResponse()
-            reply.ParseFromString(response.content)
-            outputs = _wire.outputs_from_pb(reply)
         else:
-            response = self._http_call("POST", f"/v1/ops/{op}", content=_wire.json_body(named),
-                                       params={"keep": "true"} if keep else None,
-                                       headers={"content-type": "application/json"})
-            outputs = _wire.outputs_from_json(response.json())
+            response = self._http_call("POST", f"/v1/ops/{op}", **_wire.rest_execute(op, named, keep, self.encoding))
+            outputs = _wire.rest_outputs(response.content, self.encoding)
         return self._shape_result(outputs)
 
     def __getattr__(self, name: str):
@@ -215,12 +204,7 @@ class Client(_Base):
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc) from None
             return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
-        if self.encoding == "protobuf":
-            content, ctype = tensor_to_pb(tensor).SerializeToString(), _wire.PROTOBUF
-        else:
-            content, ctype = json.dumps(tensor_to_json(tensor)).encode(), "application/json"
-        body = self._http_call("POST", "/v1/tensors", content=content, headers={
-            "content-type": ctype, "accept": "application/json"}).json()
+        body = self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding)).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
     def get(self, handle: HandleRef | str) -> Any:
@@ -298,18 +282,10 @@ class AsyncClient(_Base):
         if self.wire == "grpc":
             reply = await self._grpc(self._stub.Execute, _wire.execute_request(op, named, keep))
             outputs = _wire.outputs_from_pb(reply)
-        elif self.encoding == "protobuf":
-            body = _wire.execute_request(op, named, keep).SerializeToString()
-            response = await self._http_call("POST", f"/v1/ops/{op}", content=body,
-                                             headers={"content-type": _wire.PROTOBUF})
-            reply = pb.ExecuteResponse()
-            reply.ParseFromString(response.content)
-            outputs = _wire.outputs_from_pb(reply)
         else:
-            response = await self._http_call("POST", f"/v1/ops/{op}", content=_wire.json_body(named),
-                                             params={"keep": "true"} if keep else None,
-                                             headers={"content-type": "application/json"})
-            outputs = _wire.outputs_from_json(response.json())
+            response = await self._http_call("POST", f"/v1/ops/{op}",
+                                             **_wire.rest_execute(op, named, keep, self.encoding))
+            outputs = _wire.rest_outputs(response.content, self.encoding)
         return self._shape_result(outputs)
 
     def __getattr__(self, name: str):
@@ -332,12 +308,7 @@ class AsyncClient(_Base):
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc) from None
             return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
-        if self.encoding == "protobuf":
-            content, ctype = tensor_to_pb(tensor).SerializeToString(), _wire.PROTOBUF
-        else:
-            content, ctype = json.dumps(tensor_to_json(tensor)).encode(), "application/json"
-        body = (await self._http_call("POST", "/v1/tensors", content=content, headers={
-            "content-type": ctype, "accept": "application/json"})).json()
+        body = (await self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding))).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
     async def get(self, handle: HandleRef | str) -> Any:

@@ -10,7 +10,8 @@ from typing import Any
 import grpc
 
 from ._codec import tensor_from_pb, value_from_pb, value_to_pb
-from ._json import tensor_from_json, value_to_json
+from ._codec import tensor_to_pb
+from ._json import tensor_from_json, tensor_to_json, value_to_json
 from .errors import (REASON_METADATA_KEY, DeadlineExceededError, SparseServeError,
                      UnavailableError, error_for_code, error_for_grpc_status)
 from .v1 import sparseserve_pb2 as pb
@@ -65,6 +66,31 @@ def json_body(args: dict[str, Any]) -> bytes:
 
 def outputs_from_json(obj: dict) -> list[tuple[str, Any]]:
     return [(name, tensor_from_json(value, name)) for name, value in obj["outputs"].items()]
+
+
+def rest_execute(op: str, args: dict[str, Any], keep: bool, encoding: str) -> dict[str, Any]:
+    """The httpx request arguments of ``POST /v1/ops/{op}``."""
+    if encoding == "protobuf":
+        return {"content": execute_request(op, args, keep).SerializeToString(),
+                "headers": {"content-type": PROTOBUF}}
+    return {"content": json_body(args), "params": {"keep": "true"} if keep else None,
+            "headers": {"content-type": "application/json"}}
+
+
+def rest_outputs(content: bytes, encoding: str) -> list[tuple[str, Any]]:
+    """The outputs of a ``POST /v1/ops/{op}`` reply."""
+    if encoding == "protobuf":
+        return outputs_from_pb(pb.ExecuteResponse.FromString(content))
+    return outputs_from_json(json.loads(content))
+
+
+def rest_put(tensor: Any, encoding: str) -> dict[str, Any]:
+    """The httpx request arguments of ``POST /v1/tensors``."""
+    if encoding == "protobuf":
+        content, ctype = tensor_to_pb(tensor).SerializeToString(), PROTOBUF
+    else:
+        content, ctype = json.dumps(tensor_to_json(tensor)).encode(), "application/json"
+    return {"content": content, "headers": {"content-type": ctype, "accept": "application/json"}}
 
 
 def http_headers(token: str | None, encoding: str) -> dict[str, str]:

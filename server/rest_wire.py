@@ -29,7 +29,7 @@ __all__ = ["create_app", "PROTOBUF"]
 log = logging.getLogger("sparseserve.rest")
 PROTOBUF = "application/x-protobuf"
 # Body problems that are "not the schema" (422) rather than a bad value (400).
-_SCHEMA_REASONS = {"BAD_JSON", "UNKNOWN_ARGUMENT", "MISSING_ARGUMENT", "BAD_ARGUMENT_TYPE"}
+_SCHEMA_REASONS = {"BAD_JSON", "BAD_BODY", "UNKNOWN_ARGUMENT", "MISSING_ARGUMENT", "BAD_ARGUMENT_TYPE"}
 _MAX_JSON_DEPTH = 64
 
 
@@ -227,25 +227,22 @@ def _decode_json_tensor(body: bytes):
     return tensor_from_json(_parse_json(body), "tensor")
 
 
-def _decode_pb_tensor(body: bytes):
-    msg = pb.Tensor()
+def _parse_message(cls, body: bytes):
     try:
-        msg.ParseFromString(body)
-    except Exception:
-        raise InvalidArgumentError("the body is not a sparseserve.v1.Tensor message",
-                                   reason="BAD_JSON") from None
-    return tensor_from_pb(msg, "tensor")
+        return cls.FromString(body)
+    except Exception:  # protobuf raises DecodeError, or others on some inputs
+        raise InvalidArgumentError(f"the body is not a sparseserve.v1.{cls.__name__} message",
+                                   reason="BAD_BODY") from None
+
+
+def _decode_pb_tensor(body: bytes):
+    return tensor_from_pb(_parse_message(pb.Tensor, body), "tensor")
 
 
 def _decode_op_body(body: bytes, protobuf: bool) -> tuple[dict[str, Any], bool]:
     """(arguments, keep) from a protobuf ExecuteRequest or a JSON object of named arguments."""
     if protobuf:
-        msg = pb.ExecuteRequest()
-        try:
-            msg.ParseFromString(body)
-        except Exception:
-            raise InvalidArgumentError("the body is not a sparseserve.v1.ExecuteRequest message",
-                                       reason="BAD_JSON") from None
+        msg = _parse_message(pb.ExecuteRequest, body)
         return {name: value_from_pb(v, name) for name, v in msg.args.items()}, msg.keep
     obj = _parse_json(body) if body else {}
     if not isinstance(obj, dict):

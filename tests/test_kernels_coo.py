@@ -70,6 +70,18 @@ def assert_equal(a, b):
     np.testing.assert_array_equal(a, b)
 
 
+def check_reorder_and_coalesce(idx, vals, shape):
+    ri, rv = kernels.reorder(idx, vals, shape)
+    ei, ev = ref_reorder(idx, vals)
+    assert_equal(ri, ei)
+    assert_equal(rv, ev)
+    ci, cv = kernels.coalesce(idx, vals, shape)
+    ei, ev = ref_coalesce(idx, vals, shape)
+    assert_equal(ci, ei)
+    assert_equal(cv, ev)
+    return ci, cv
+
+
 SHAPES = [((7,), 1), ((4, 5), 2), ((3, 4, 2), 2), ((2, 3, 2, 2), 3), ((2, 2, 3, 2, 2), 5),
           ((0, 3), 2), ((3, 0, 2), 1)]
 
@@ -80,14 +92,7 @@ SHAPES = [((7,), 1), ((4, 5), 2), ((3, 4, 2), 2), ((2, 3, 2, 2), 3), ((2, 2, 3, 
 def test_against_numpy(dtype, shape, sparse_ndim, nnz):
     rng = np.random.default_rng(nnz + len(shape))
     idx, vals = make(rng, dtype, shape, sparse_ndim, nnz)
-    ri, rv = kernels.reorder(idx, vals, shape)
-    ei, ev = ref_reorder(idx, vals)
-    assert_equal(ri, ei)
-    assert_equal(rv, ev)
-    ci, cv = kernels.coalesce(idx, vals, shape)
-    ei, ev = ref_coalesce(idx, vals, shape)
-    assert_equal(ci, ei)
-    assert_equal(cv, ev)
+    ci, cv = check_reorder_and_coalesce(idx, vals, shape)
     dense = ref_dense(idx, vals, shape)
     assert_equal(kernels.to_dense(idx, vals, shape, vals.dtype.type(0), False), dense)
     assert_equal(kernels.to_dense(ci, cv, shape, vals.dtype.type(1), True), ref_dense(ci, cv, shape, 1))
@@ -171,14 +176,7 @@ def test_properties(data):
     nnz = data.draw(st.integers(0, 30))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     idx, vals = make(rng, dtype, shape, sparse_ndim, nnz)
-    ri, rv = kernels.reorder(idx, vals, shape)
-    ei, ev = ref_reorder(idx, vals)
-    assert_equal(ri, ei)
-    assert_equal(rv, ev)
-    ci, cv = kernels.coalesce(idx, vals, shape)
-    ei, ev = ref_coalesce(idx, vals, shape)
-    assert_equal(ci, ei)
-    assert_equal(cv, ev)
+    ci, cv = check_reorder_and_coalesce(idx, vals, shape)
     assert_equal(kernels.to_dense(idx, vals, shape, vals.dtype.type(0), False), ref_dense(idx, vals, shape))
 
 

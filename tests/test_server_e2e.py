@@ -167,7 +167,7 @@ def test_raw_http_json(server):
      422, "INVALID_ARGUMENT", "UNKNOWN_ARGUMENT", "'extra'"),
     ({"json": {}}, 422, "INVALID_ARGUMENT", "MISSING_ARGUMENT", "'sp_input'"),
     ({"content": b"\xff\xff", "headers": {"content-type": "application/x-protobuf"}},
-     422, "INVALID_ARGUMENT", "BAD_JSON", "ExecuteRequest"),
+     422, "INVALID_ARGUMENT", "BAD_BODY", "ExecuteRequest"),
     ({"json": {"sp_input": {"handle": "h-nope"}}}, 404, "NOT_FOUND", "UNKNOWN_HANDLE", "h-nope"),
     ({"json": {"sp_input": {"indices": [[0, 0]], "values": [1.0], "dense_shape": [100000, 100000]}}},
      413, "RESOURCE_EXHAUSTED", "RESULT_TOO_LARGE", "--max-result-bytes"),
