@@ -152,6 +152,8 @@ def value_to_pb(v: Any) -> pb.Value:
         return pb.Value(tensor=tensor_to_pb(np.asarray(v)))
     if isinstance(v, (list, tuple)):
         return pb.Value(list_value=pb.ValueList(items=[value_to_pb(x) for x in v]))
+    if isinstance(v, slice):  # index arguments: [start, stop, step], None for a default
+        return value_to_pb([v.start, v.stop, v.step])
     raise TypeError(f"cannot send a {type(v).__name__} as an argument")
 
 

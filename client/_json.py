@@ -78,6 +78,8 @@ def value_to_json(v: Any) -> Any:
         return tensor_to_json(np.asarray(v))
     if isinstance(v, (list, tuple)):
         return [value_to_json(x) for x in v]
+    if isinstance(v, slice):  # index arguments: [start, stop, step], None for a default
+        return [v.start, v.stop, v.step]
     return v
 
 

@@ -138,3 +138,18 @@ def from_dense(array, sparse_dim: int):
     indices = delinearize_kernel(rows_nz, np.asarray(lead, dtype=np.int64))
     values = gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
     return indices, values
+
+
+def warm_up() -> None:
+    """Every kernel of this module once per dtype (see ``sparseserve.kernels.warm_up``)."""
+    from . import DTYPES
+
+    indices = np.array([[1, 0], [0, 1], [1, 0]], dtype=np.int64)
+    shape = (2, 2)
+    for name in DTYPES:
+        values = np.ones(3, dtype=name)
+        reorder(indices, values, shape)
+        coalesce(indices, values, shape)
+        first_disorder(indices, shape)
+        dense = to_dense(indices, values, shape, values[0], False)
+        from_dense(dense, 2)

@@ -21,19 +21,28 @@ from sparseserve.errors import InvalidArgumentError, UnimplementedError
 if TYPE_CHECKING:
     from .registry import Arg
 
-__all__ = ["ArgType", "SPARSE", "DENSE", "INT", "OPTIONAL_INT", "BOOL", "SCALAR"]
+__all__ = ["ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST",
+           "BOOL", "FLOAT", "SCALAR", "STRING", "INDEX"]
 
 
 @dataclass(frozen=True)
 class ArgType:
+    """``coerce_value(value, name)`` for plain values; tensor types check layouts too."""
+
     name: str
     schema: dict
     coerce_value: Callable[[Any, str], Any]
     is_tensor: bool = False
+    is_tensor_list: bool = False
 
     def coerce(self, value: Any, arg: "Arg", op: str) -> Any:
         if self.is_tensor:
-            return _coerce_tensor(value, arg, op, self)
+            return _coerce_tensor(value, arg.name, arg.layouts, op)
+        if self.is_tensor_list:
+            if not isinstance(value, list):
+                raise InvalidArgumentError(f"{arg.name} must be a list of tensors",
+                                           reason="BAD_ARGUMENT_TYPE")
+            return [_coerce_tensor(v, f"{arg.name}[{i}]", arg.layouts, op) for i, v in enumerate(value)]
         return self.coerce_value(value, arg.name)
 
 
@@ -41,25 +50,29 @@ def _layout_of(value: Any) -> str:
     return value.layout if isinstance(value, SparseTensor) else "dense"
 
 
-def _coerce_tensor(value: Any, arg: "Arg", op: str, kind: ArgType) -> Any:
+def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any:
     if isinstance(value, HandleRef):  # the service resolves handles before binding
-        raise InvalidArgumentError(f"{arg.name}: handle {value.handle!r} was not resolved",
+        raise InvalidArgumentError(f"{name}: handle {value.handle!r} was not resolved",
                                    reason="BAD_HANDLE")
-    if isinstance(value, (list, int, float, bool)) and "dense" in arg.layouts:
-        value = np.asarray(value)
+    if isinstance(value, (list, int, float, bool)) and "dense" in layouts:
+        try:
+            value = np.asarray(value)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"{name} is not a regular array: {exc}",
+                                       reason="BAD_ARGUMENT_TYPE") from None
     if not isinstance(value, (SparseTensor, np.ndarray)):
-        raise InvalidArgumentError(f"{arg.name} must be a tensor, not {type(value).__name__}",
+        raise InvalidArgumentError(f"{name} must be a tensor, not {type(value).__name__}",
                                    reason="BAD_ARGUMENT_TYPE")
     # Validate first: a malformed tensor is INVALID_ARGUMENT whatever its layout.
     if isinstance(value, SparseTensor):
-        check_sparse(value, arg.name)
+        check_sparse(value, name)
     else:
-        check_dense(value, arg.name)
+        check_dense(value, name)
     layout = _layout_of(value)
-    if layout not in arg.layouts:
+    if layout not in layouts:
         raise UnimplementedError(
-            f"{op} does not support layout {layout} for {arg.name}; it accepts "
-            f"{', '.join(arg.layouts)}", reason="UNSUPPORTED_LAYOUT")
+            f"{op} does not support layout {layout} for {name}; it accepts "
+            f"{', '.join(layouts)}", reason="UNSUPPORTED_LAYOUT")
     return value
 
 
@@ -80,6 +93,46 @@ def _coerce_int(value: Any, name: str) -> int:
     return int(value)
 
 
+def _coerce_int_list(value: Any, name: str) -> list[int]:
+    if isinstance(value, np.ndarray):
+        value = value.tolist() if value.ndim == 1 else value
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"{name} must be a list of integers", reason="BAD_ARGUMENT_TYPE")
+    return [_coerce_int(v, f"{name}[{i}]") for i, v in enumerate(value)]
+
+
+def _coerce_float(value: Any, name: str) -> float:
+    value = _scalar_of_array(value, name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"{name} must be a real number, not {value!r}",
+                                   reason="BAD_ARGUMENT_TYPE")
+    return float(value)
+
+
+def _coerce_string(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be a string, not {value!r}", reason="BAD_ARGUMENT_TYPE")
+    return value
+
+
+def _coerce_index(value: Any, name: str) -> list[int | slice]:
+    """PyTorch-style indexing: each item an int, or a [start, stop, step] slice (null for a default)."""
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"{name} must be a list of ints and [start, stop, step] slices",
+                                   reason="BAD_ARGUMENT_TYPE")
+    out: list[int | slice] = []
+    for i, item in enumerate(value):
+        if isinstance(item, list):
+            if len(item) != 3:
+                raise InvalidArgumentError(f"{name}[{i}] must be [start, stop, step]",
+                                           reason="BAD_ARGUMENT_TYPE")
+            parts = [None if p is None else _coerce_int(p, f"{name}[{i}][{j}]") for j, p in enumerate(item)]
+            out.append(slice(*parts))
+        else:
+            out.append(_coerce_int(item, f"{name}[{i}]"))
+    return out
+
+
 def _coerce_bool(value: Any, name: str) -> bool:
     value = _scalar_of_array(value, name)
     if not isinstance(value, (bool, np.bool_)):
@@ -97,11 +150,22 @@ def _coerce_scalar(value: Any, name: str) -> Any:
 
 
 _TENSOR_SCHEMA = {"$ref": "#/components/schemas/Tensor"}
+_INT_OR_NULL = {"type": ["integer", "null"]}
 
+# Tensor types: which layouts are accepted is the argument's `layouts`.
 SPARSE = ArgType("sparse", _TENSOR_SCHEMA, lambda v, n: v, is_tensor=True)
 DENSE = ArgType("dense", _TENSOR_SCHEMA, lambda v, n: v, is_tensor=True)
+TENSOR = ArgType("tensor", _TENSOR_SCHEMA, lambda v, n: v, is_tensor=True)
+TENSORS = ArgType("tensors", {"type": "array", "items": _TENSOR_SCHEMA}, lambda v, n: v,
+                  is_tensor_list=True)
 INT = ArgType("int", {"type": "integer"}, _coerce_int)
-OPTIONAL_INT = ArgType("int?", {"type": ["integer", "null"]}, _coerce_int)
+OPTIONAL_INT = ArgType("int?", _INT_OR_NULL, _coerce_int)
+INT_LIST = ArgType("int_list", {"type": "array", "items": {"type": "integer"}}, _coerce_int_list)
 BOOL = ArgType("bool", {"type": "boolean"}, _coerce_bool)
+FLOAT = ArgType("float", {"type": "number"}, _coerce_float)
+STRING = ArgType("string", {"type": "string"}, _coerce_string)
+INDEX = ArgType("index", {"type": "array", "items": {"oneOf": [
+    {"type": "integer"}, {"type": "array", "items": _INT_OR_NULL, "minItems": 3, "maxItems": 3}]}},
+    _coerce_index)
 SCALAR = ArgType("scalar", {"oneOf": [{"type": "number"}, {"type": "boolean"}, _TENSOR_SCHEMA]},
                  _coerce_scalar)

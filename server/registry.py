@@ -93,7 +93,7 @@ class OpDef:
             "doc": self.doc,
             "args": [{"name": a.name, "type": a.type.name, "required": a.required,
                       "default": None if a.required else a.default, "doc": a.doc,
-                      "layouts": list(a.layouts) if a.type.is_tensor else []}
+                      "layouts": list(a.layouts) if a.type.is_tensor or a.type.is_tensor_list else []}
                      for a in self.args],
             "outputs": [{"name": o.name, "type": o.type, "doc": o.doc} for o in self.outputs],
         }

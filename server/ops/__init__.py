@@ -1,7 +1,14 @@
-"""The op declarations. Importing this package fills ``REGISTRY``; each module
-declares a family of ops and nothing else needs to change to add one."""
+"""The op declarations. Importing this package imports every module in it, and
+each module's declarations fill ``REGISTRY``: adding an op family is adding a
+module here, and nothing else changes."""
+
+import importlib
+import pkgutil
 
 from ..registry import REGISTRY
-from . import coo  # noqa: F401  (registers its ops)
+
+for _info in pkgutil.iter_modules(__path__):
+    if not _info.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = ["REGISTRY"]
