@@ -5,14 +5,16 @@ position over the sparse dimensions) instead of lexsorting index columns.
 The caller has validated the indices, so every key is in ``[0, prod(shape))``
 and fits int64.
 
-Kernels here are sequential: numba's default workqueue threading layer is not
-thread-safe, and the server calls kernels from a thread pool.
+Parallel kernels run under the threading layer ``_parallel`` picks (thread-safe,
+since the server calls kernels from a thread pool).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+from . import _parallel  # noqa: F401  (sets the threading layer before any parallel kernel)
 
 MAX_RADIX_BITS = 12  # 4096 buckets: the count array (32 KiB) stays in L1
 
@@ -156,3 +158,152 @@ def linearize(indices: np.ndarray, sparse_shape) -> np.ndarray:
 def argsort_stable(keys: np.ndarray) -> np.ndarray:
     """The stable sorting permutation of non-negative int64 keys."""
     return radix_argsort_kernel(np.ascontiguousarray(keys, dtype=np.int64))[0]
+
+
+def sorted_keys(indices: np.ndarray, sparse_shape) -> tuple[np.ndarray, np.ndarray]:
+    """(perm, keys[perm]): the stable row-major order of validated COO indices.
+
+    Packs key and position into one word when they fit (the fast, parallel
+    path); otherwise sorts (key, position) pairs.
+    """
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    sparse_shape = np.asarray(sparse_shape, dtype=np.int64)
+    n = indices.shape[0]
+    key_bits = int(max(int(np.prod(sparse_shape, dtype=object)) - 1, 0)).bit_length()
+    pos_bits = max(int(n - 1).bit_length(), 1)
+    if n < 2 or key_bits + pos_bits > 63:
+        return radix_argsort_kernel(linearize_kernel(indices, sparse_shape))
+    with _parallel.PARALLEL_LOCK:
+        packed = pack_keys_kernel(indices, sparse_shape, pos_bits, _parallel.N_CHUNKS)
+        packed = sort_packed(packed, pos_bits, pos_bits + key_bits, _parallel.N_CHUNKS)
+        keys, perm = unpack_kernel(packed, pos_bits, _parallel.N_CHUNKS)
+    return perm, keys
+
+
+# ---------------------------------------------------------------- parallel packed sort
+# When key bits + position bits fit in 63, each entry becomes one int64 word
+# (key << pos_bits | position). Sorting the words by their key bits alone moves
+# 8 bytes per entry per pass instead of 16, and an LSD sort keeps equal keys in
+# position order, so the sort is stable. Passes split the input into chunks with
+# per-chunk histograms so both cores work.
+
+@njit(nogil=True, cache=True, parallel=True)
+def pack_keys_kernel(indices, shape, pos_bits, n_chunks):
+    n, s = indices.shape
+    packed = np.empty(n, np.int64)
+    chunk = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            k = 0
+            for j in range(s):
+                k = k * shape[j] + indices[i, j]
+            packed[i] = (k << pos_bits) | i
+    return packed
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _radix_pass(src, dst, shift, width, n_chunks):
+    """One stable counting-sort pass on bits [shift, shift + width); False if the digit is constant."""
+    n = src.size
+    radix = 1 << width
+    mask = radix - 1
+    chunk = (n + n_chunks - 1) // n_chunks
+    hist = np.zeros((n_chunks, radix), np.int64)
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            hist[c, (src[i] >> shift) & mask] += 1
+    total = 0
+    for d in range(radix):
+        column = 0
+        for c in range(n_chunks):
+            column += hist[c, d]
+        if column == n:
+            return False
+        for c in range(n_chunks):
+            count = hist[c, d]
+            hist[c, d] = total
+            total += count
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            d = (src[i] >> shift) & mask
+            dst[hist[c, d]] = src[i]
+            hist[c, d] += 1
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _is_sorted(a):
+    for i in range(1, a.size):
+        if a[i] < a[i - 1]:
+            return False
+    return True
+
+
+def sort_packed(packed: np.ndarray, low_bit: int, high_bit: int, n_chunks: int) -> np.ndarray:
+    """Sort int64 words by bits [low_bit, high_bit), stably; may reuse ``packed``."""
+    if packed.size < 2 or _is_sorted(packed):
+        return packed
+    bits = high_bit - low_bit
+    passes = max(1, -(-bits // MAX_RADIX_BITS))
+    width = -(-bits // passes)
+    src, dst = packed, np.empty_like(packed)
+    for p in range(passes):
+        if _radix_pass(src, dst, low_bit + p * width, width, n_chunks):
+            src, dst = dst, src
+    return src
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def unpack_kernel(packed, pos_bits, n_chunks):
+    """(keys, perm) of sorted packed words."""
+    n = packed.size
+    keys = np.empty(n, np.int64)
+    perm = np.empty(n, np.int64)
+    mask = (np.int64(1) << pos_bits) - 1
+    chunk = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            keys[i] = packed[i] >> pos_bits
+            perm[i] = packed[i] & mask
+    return keys, perm
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def delinearize_parallel(keys, shape, n_chunks):
+    n = keys.size
+    s = shape.size
+    out = np.empty((n, s), np.int64)
+    chunk = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            k = keys[i]
+            for j in range(s - 1, -1, -1):
+                d = shape[j]
+                q = k // d
+                out[i, j] = k - q * d
+                k = q
+    return out
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def segment_starts_parallel(sorted_keys, n_chunks):
+    """Start offsets of the runs of equal keys: per-chunk counts, then a parallel fill."""
+    n = sorted_keys.size
+    chunk = (n + n_chunks - 1) // n_chunks
+    counts = np.zeros(n_chunks + 1, np.int64)
+    for c in prange(n_chunks):
+        m = 0
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            if i == 0 or sorted_keys[i] != sorted_keys[i - 1]:
+                m += 1
+        counts[c + 1] = m
+    for c in range(n_chunks):
+        counts[c + 1] += counts[c]
+    starts = np.empty(counts[n_chunks], np.int64)
+    for c in prange(n_chunks):
+        r = counts[c]
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            if i == 0 or sorted_keys[i] != sorted_keys[i - 1]:
+                starts[r] = i
+                r += 1
+    return starts

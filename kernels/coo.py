@@ -10,34 +10,41 @@ validated by the caller (``sparseserve._validate``); nothing here raises.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from ._sort import (delinearize_kernel, first_disorder_kernel, gather_rows, linearize,
-                    radix_argsort_kernel, segment_starts_kernel)
-
-
-@njit(nogil=True, cache=True)
-def segment_sum_kernel(values, perm, starts, out):
-    n = perm.size
-    for r in range(starts.size):
-        end = starts[r + 1] if r + 1 < starts.size else n
-        for j in range(values.shape[1]):
-            acc = values[perm[starts[r]], j]
-            for i in range(starts[r] + 1, end):
-                acc += values[perm[i], j]
-            out[r, j] = acc
+from ._parallel import N_CHUNKS, PARALLEL_LOCK
+from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, gather_rows,
+                    linearize, segment_starts_parallel, sorted_keys)
 
 
-@njit(nogil=True, cache=True)
-def segment_or_kernel(values, perm, starts, out):
-    n = perm.size
-    for r in range(starts.size):
-        end = starts[r + 1] if r + 1 < starts.size else n
-        for j in range(values.shape[1]):
-            acc = values[perm[starts[r]], j]
-            for i in range(starts[r] + 1, end):
-                acc |= values[perm[i], j]
-            out[r, j] = acc
+# The segment kernels split the runs into chunks that the threads take in turn.
+
+@njit(nogil=True, cache=True, parallel=True)
+def segment_sum_kernel(values, perm, starts, out, n_chunks):
+    n, runs = perm.size, starts.size
+    chunk = (runs + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for r in range(c * chunk, min(runs, (c + 1) * chunk)):
+            end = starts[r + 1] if r + 1 < runs else n
+            for j in range(values.shape[1]):
+                acc = values[perm[starts[r]], j]
+                for i in range(starts[r] + 1, end):
+                    acc += values[perm[i], j]
+                out[r, j] = acc
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def segment_or_kernel(values, perm, starts, out, n_chunks):
+    n, runs = perm.size, starts.size
+    chunk = (runs + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for r in range(c * chunk, min(runs, (c + 1) * chunk)):
+            end = starts[r + 1] if r + 1 < runs else n
+            for j in range(values.shape[1]):
+                acc = values[perm[starts[r]], j]
+                for i in range(starts[r] + 1, end):
+                    acc |= values[perm[i], j]
+                out[r, j] = acc
 
 
 @njit(nogil=True, cache=True)
@@ -67,8 +74,7 @@ def _values2d(values: np.ndarray, nnz: int) -> np.ndarray:
 
 
 def _sorted(indices: np.ndarray, dense_shape) -> tuple[np.ndarray, np.ndarray]:
-    sparse_shape = np.asarray(dense_shape[:indices.shape[1]], dtype=np.int64)
-    return radix_argsort_kernel(linearize(indices, sparse_shape))
+    return sorted_keys(indices, dense_shape[:indices.shape[1]])
 
 
 def reorder(indices, values, dense_shape):
@@ -77,19 +83,23 @@ def reorder(indices, values, dense_shape):
     # Keys and index rows are in one-to-one correspondence, so the sorted indices
     # come from the sorted keys sequentially instead of by a random gather.
     sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
-    return delinearize_kernel(keys, sparse_shape), gather_rows(values, perm)
+    with PARALLEL_LOCK:
+        out_indices = delinearize_parallel(keys, sparse_shape, N_CHUNKS)
+    return out_indices, gather_rows(values, perm)
 
 
 def _segment_sum(values2d: np.ndarray, perm: np.ndarray, starts: np.ndarray) -> np.ndarray:
     dtype = values2d.dtype
     if dtype == np.bool_:
         out = np.empty((starts.size, values2d.shape[1]), np.uint8)
-        segment_or_kernel(values2d.view(np.uint8), perm, starts, out)
+        with PARALLEL_LOCK:
+            segment_or_kernel(values2d.view(np.uint8), perm, starts, out, N_CHUNKS)
         return out.view(np.bool_)
     work = values2d.astype(np.float32) if dtype == np.float16 else values2d
     out = np.empty((starts.size, values2d.shape[1]), work.dtype)
     if starts.size:
-        segment_sum_kernel(work, perm, starts, out)
+        with PARALLEL_LOCK:
+            segment_sum_kernel(work, perm, starts, out, N_CHUNKS)
     return out.astype(dtype, copy=False)
 
 
@@ -97,9 +107,11 @@ def coalesce(indices, values, dense_shape):
     """Sorted row-major, duplicates summed (torch's coalesce)."""
     nnz = indices.shape[0]
     perm, keys = _sorted(indices, dense_shape)
-    starts = segment_starts_kernel(keys)
-    # Unique indices from the sorted keys: sequential, unlike gathering rows of ``indices``.
-    out_indices = delinearize_kernel(keys[starts], np.asarray(dense_shape[:indices.shape[1]], np.int64))
+    sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
+    with PARALLEL_LOCK:
+        starts = segment_starts_parallel(keys, N_CHUNKS)
+        # Unique indices from the sorted keys: sequential reads, unlike gathering rows of ``indices``.
+        out_indices = delinearize_parallel(keys[starts], sparse_shape, N_CHUNKS)
     summed = _segment_sum(_values2d(values, nnz), perm, starts)
     return out_indices, summed.reshape((starts.size, *values.shape[1:]))
 

@@ -189,3 +189,38 @@ def test_radix_argsort_matches_numpy_on_wide_keys():
 
 def test_warm_up_runs():
     kernels.warm_up()
+
+
+def test_wide_keys_take_the_pair_sort_and_agree():
+    """Keys of 2**40 x 2**22 need 62 bits: no room to pack a position, so (key, perm) pairs are sorted."""
+    rng = np.random.default_rng(5)
+    shape = (2**40, 2**22)
+    idx = np.stack([rng.integers(0, 2**40, 5000), rng.integers(0, 2**22, 5000)], axis=1)
+    idx[::3] = idx[0]
+    vals = rng.standard_normal(5000)
+    ri, rv = kernels.reorder(idx, vals, shape)
+    ei, ev = ref_reorder(idx, vals)
+    assert_equal(ri, ei)
+    assert_equal(rv, ev)
+    unique, inverse = np.unique(idx, axis=0, return_inverse=True)  # sorted row-major
+    sums = np.zeros(len(unique))
+    np.add.at(sums, inverse.ravel(), vals)
+    ci, cv = kernels.coalesce(idx, vals, shape)
+    assert_equal(ci, unique)
+    np.testing.assert_allclose(cv, sums)
+
+
+def test_parallel_kernels_called_from_many_threads_at_once():
+    """The server calls kernels from a thread pool: the threading layer must be thread-safe."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(6)
+    shape = (1000, 1000)
+    inputs = [make(rng, "float64", shape, 2, 200_000) for _ in range(8)]
+    expected = [ref_coalesce(i, v, shape) for i, v in inputs[:2]] * 4
+    inputs = inputs[:2] * 4
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda iv: kernels.coalesce(iv[0], iv[1], shape), inputs))
+    for (ci, cv), (ei, ev) in zip(results, expected):
+        assert_equal(ci, ei)
+        np.testing.assert_allclose(cv, ev)
