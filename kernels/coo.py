@@ -47,25 +47,64 @@ def segment_or_kernel(values, perm, starts, out, n_chunks):
                 out[r, j] = acc
 
 
-@njit(nogil=True, cache=True)
-def nonzero_rows_kernel(rows):
-    """Rows with any nonzero element (NaN counts, -0.0 does not), counted then filled."""
-    n, inner = rows.shape
-    keep = np.zeros(n, np.bool_)
-    count = 0
-    for i in range(n):
-        for j in range(inner):
-            if rows[i, j] != 0:
-                keep[i] = True
-                count += 1
-                break
-    out = np.empty(count, np.int64)
-    c = 0
-    for i in range(n):
-        if keep[i]:
-            out[c] = i
-            c += 1
+@njit(nogil=True, cache=True, parallel=True)
+def nonzero_rows_kernel(words, mask, n_chunks):
+    """Rows holding any word with a bit set under ``mask``: counted per chunk, then filled."""
+    n, width = words.shape
+    chunk = (n + n_chunks - 1) // n_chunks
+    counts = np.zeros(n_chunks + 1, np.int64)
+    for c in prange(n_chunks):
+        m = 0
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            for j in range(width):
+                if words[i, j] & mask:
+                    m += 1
+                    break
+        counts[c + 1] = m
+    for c in range(n_chunks):
+        counts[c + 1] += counts[c]
+    out = np.empty(counts[n_chunks], np.int64)
+    for c in prange(n_chunks):
+        r = counts[c]
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            for j in range(width):
+                if words[i, j] & mask:
+                    out[r] = i
+                    r += 1
+                    break
     return out
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def fill_scatter_kernel(out, fill, keys, rows, n_chunks):
+    """out[:] = fill, then out[keys[i]] = rows[i] (keys unique): both passes split over threads."""
+    n, width = out.shape
+    chunk = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            for j in range(width):
+                out[i, j] = fill[j]
+    m = keys.size
+    chunk = (m + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(m, (c + 1) * chunk)):
+            k = keys[i]
+            for j in range(width):
+                out[k, j] = rows[i, j]
+
+
+def _words(a2d: np.ndarray) -> np.ndarray:
+    """A C-contiguous 2-D array's rows as unsigned words of its element width (bits, no arithmetic)."""
+    item = a2d.dtype.itemsize // (2 if a2d.dtype.kind == "c" else 1)
+    return a2d.view(np.dtype(f"u{item}"))
+
+
+def _zero_mask(dtype: np.dtype) -> np.unsignedinteger:
+    """Bits that make a word nonzero: all of them, or all but the sign bit for floats (-0.0 is zero).
+    Typed as the word itself, so the kernel compiles once per word width."""
+    item = dtype.itemsize // (2 if dtype.kind == "c" else 1)
+    full = (1 << (8 * item)) - 1
+    return np.dtype(f"u{item}").type(full >> 1 if dtype.kind in "fc" else full)
 
 
 def _values2d(values: np.ndarray, nnz: int) -> np.ndarray:
@@ -128,10 +167,17 @@ def to_dense(indices, values, dense_shape, default_value, validate_indices: bool
         indices, values = coalesce(indices, values, dense_shape)
     sparse_ndim = indices.shape[1]
     sparse_shape = np.asarray(dense_shape[:sparse_ndim], dtype=np.int64)
-    dense = np.full(tuple(dense_shape), default_value, dtype=values.dtype)
-    rows = dense.reshape(int(np.prod(sparse_shape)), int(np.prod(dense_shape[sparse_ndim:], dtype=np.int64)))
-    if indices.shape[0]:
-        rows[linearize(indices, sparse_shape)] = _values2d(values, indices.shape[0])
+    inner = int(np.prod(dense_shape[sparse_ndim:], dtype=np.int64))
+    dense = np.empty(tuple(dense_shape), dtype=values.dtype)
+    rows = dense.reshape(int(np.prod(sparse_shape)), inner)
+    if rows.size == 0:
+        return dense
+    fill = np.full(inner, default_value, dtype=values.dtype)
+    keys = linearize(indices, sparse_shape)
+    values2d = _values2d(values, indices.shape[0])
+    with PARALLEL_LOCK:
+        fill_scatter_kernel(_words(rows), _words(fill.reshape(1, inner))[0], keys, _words(values2d),
+                            N_CHUNKS)
     return dense
 
 
@@ -140,14 +186,9 @@ def from_dense(array, sparse_dim: int):
     lead = tuple(array.shape[:sparse_dim])
     n = int(np.prod(lead, dtype=np.int64))
     rows = np.ascontiguousarray(array).reshape(n, int(np.prod(array.shape[sparse_dim:], dtype=np.int64)))
-    if rows.dtype == np.float16:
-        # numba has no float16: test the bits, ignoring the sign so that -0.0 is zero.
-        rows_nz = nonzero_rows_kernel(rows.view(np.uint16) & np.uint16(0x7FFF))
-    elif rows.dtype == np.bool_:
-        rows_nz = nonzero_rows_kernel(rows.view(np.uint8))
-    else:
-        rows_nz = nonzero_rows_kernel(rows)
-    indices = delinearize_kernel(rows_nz, np.asarray(lead, dtype=np.int64))
+    with PARALLEL_LOCK:
+        rows_nz = nonzero_rows_kernel(_words(rows), _zero_mask(rows.dtype), N_CHUNKS)
+        indices = delinearize_parallel(rows_nz, np.asarray(lead, dtype=np.int64), N_CHUNKS)
     values = gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
     return indices, values
 
