@@ -49,17 +49,25 @@ def segment_or_kernel(values, perm, starts, out, n_chunks):
 
 @njit(nogil=True, cache=True, parallel=True)
 def nonzero_rows_kernel(words, mask, n_chunks):
-    """Rows holding any word with a bit set under ``mask``: counted per chunk, then filled."""
+    """Rows holding any word with a bit set under ``mask``.
+
+    One pass over the (large) input marks rows in a byte mask and counts them
+    per chunk; the fill pass then reads only the mask.
+    """
     n, width = words.shape
     chunk = (n + n_chunks - 1) // n_chunks
+    marks = np.empty(n, np.uint8)
     counts = np.zeros(n_chunks + 1, np.int64)
     for c in prange(n_chunks):
         m = 0
         for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            hit = 0
             for j in range(width):
                 if words[i, j] & mask:
-                    m += 1
+                    hit = 1
                     break
+            marks[i] = hit
+            m += hit
         counts[c + 1] = m
     for c in range(n_chunks):
         counts[c + 1] += counts[c]
@@ -67,30 +75,70 @@ def nonzero_rows_kernel(words, mask, n_chunks):
     for c in prange(n_chunks):
         r = counts[c]
         for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            for j in range(width):
-                if words[i, j] & mask:
-                    out[r] = i
-                    r += 1
-                    break
+            if marks[i]:
+                out[r] = i
+                r += 1
     return out
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def fill_scatter_kernel(out, fill, keys, rows, n_chunks):
-    """out[:] = fill, then out[keys[i]] = rows[i] (keys unique): both passes split over threads."""
+def nonzero_1d_kernel(words, mask, n_chunks):
+    """``nonzero_rows_kernel`` for one word per row: branch-free marking the compiler vectorises."""
+    n = words.size
+    chunk = (n + n_chunks - 1) // n_chunks
+    marks = np.empty(n, np.uint8)
+    counts = np.zeros(n_chunks + 1, np.int64)
+    for c in prange(n_chunks):
+        m = 0
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            hit = np.uint8((words[i] & mask) != 0)
+            marks[i] = hit
+            m += hit
+        counts[c + 1] = m
+    for c in range(n_chunks):
+        counts[c + 1] += counts[c]
+    out = np.empty(counts[n_chunks], np.int64)
+    for c in prange(n_chunks):
+        r = counts[c]
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            if marks[i]:
+                out[r] = i
+                r += 1
+    return out
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def fill_merge_kernel(out, fill, keys, rows, n_chunks):
+    """One streaming pass: out[k] = rows[i] where keys[i] == k, else fill. Keys sorted and unique."""
     n, width = out.shape
     chunk = (n + n_chunks - 1) // n_chunks
     for c in prange(n_chunks):
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            for j in range(width):
-                out[i, j] = fill[j]
-    m = keys.size
-    chunk = (m + n_chunks - 1) // n_chunks
+        lo = c * chunk
+        hi = min(n, lo + chunk)
+        p = np.searchsorted(keys, lo)
+        for k in range(lo, hi):
+            if p < keys.size and keys[p] == k:
+                for j in range(width):
+                    out[k, j] = rows[p, j]
+                p += 1
+            else:
+                for j in range(width):
+                    out[k, j] = fill[j]
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def fill_merge_1d_kernel(out, fill, keys, values, n_chunks):
+    """``fill_merge_kernel`` for one word per row (no hybrid dims): a tight loop the compiler vectorises."""
+    n = out.size
+    chunk = (n + n_chunks - 1) // n_chunks
     for c in prange(n_chunks):
-        for i in range(c * chunk, min(m, (c + 1) * chunk)):
-            k = keys[i]
-            for j in range(width):
-                out[k, j] = rows[i, j]
+        lo = c * chunk
+        hi = min(n, lo + chunk)
+        out[lo:hi] = fill
+        p = np.searchsorted(keys, lo)
+        while p < keys.size and keys[p] < hi:
+            out[keys[p]] = values[p]
+            p += 1
 
 
 def _words(a2d: np.ndarray) -> np.ndarray:
@@ -173,11 +221,16 @@ def to_dense(indices, values, dense_shape, default_value, validate_indices: bool
     if rows.size == 0:
         return dense
     fill = np.full(inner, default_value, dtype=values.dtype)
+    # Validated (validate_indices) or coalesced above: the keys are sorted and unique,
+    # so the dense output is written in one sequential pass.
     keys = linearize(indices, sparse_shape)
     values2d = _values2d(values, indices.shape[0])
+    out_words, fill_words, value_words = _words(rows), _words(fill.reshape(1, inner))[0], _words(values2d)
     with PARALLEL_LOCK:
-        fill_scatter_kernel(_words(rows), _words(fill.reshape(1, inner))[0], keys, _words(values2d),
-                            N_CHUNKS)
+        if out_words.shape[1] == 1:
+            fill_merge_1d_kernel(out_words.reshape(-1), fill_words[0], keys, value_words.reshape(-1), N_CHUNKS)
+        else:
+            fill_merge_kernel(out_words, fill_words, keys, value_words, N_CHUNKS)
     return dense
 
 
@@ -186,8 +239,12 @@ def from_dense(array, sparse_dim: int):
     lead = tuple(array.shape[:sparse_dim])
     n = int(np.prod(lead, dtype=np.int64))
     rows = np.ascontiguousarray(array).reshape(n, int(np.prod(array.shape[sparse_dim:], dtype=np.int64)))
+    words, mask = _words(rows), _zero_mask(rows.dtype)
     with PARALLEL_LOCK:
-        rows_nz = nonzero_rows_kernel(_words(rows), _zero_mask(rows.dtype), N_CHUNKS)
+        if words.shape[1] == 1:
+            rows_nz = nonzero_1d_kernel(words.reshape(-1), mask, N_CHUNKS)
+        else:
+            rows_nz = nonzero_rows_kernel(words, mask, N_CHUNKS)
         indices = delinearize_parallel(rows_nz, np.asarray(lead, dtype=np.int64), N_CHUNKS)
     values = gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
     return indices, values
