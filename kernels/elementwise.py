@@ -1,0 +1,144 @@
+"""Element-wise kernels: sparse (op) dense on the stored entries, sparse + sparse, sparse + dense.
+
+The dense operand of ``mul``/``div`` is never broadcast to the full shape: one
+numba pass turns each entry's sparse index into a row of the dense operand
+(dimensions of size 1 read row 0), the rows are gathered with
+``gather_rows`` (bit moves over unsigned words, four signatures for every
+dtype) and the arithmetic runs in numpy on ``[nnz, ...]`` arrays, which
+broadcast over hybrid dense dimensions by themselves. Numpy's ufuncs handle
+every dtype (float16 included) with no extra compiled signatures, and its
+integer floor division is safe for ``INT_MIN // -1``, which a native division
+is not.
+
+Inputs are validated by the caller (``sparseserve._validate`` plus the op's own
+shape checks); nothing here raises.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._sort import gather_rows, linearize
+from .coo import coalesce
+
+
+@njit(nogil=True, cache=True)
+def broadcast_keys_kernel(indices, shape):
+    """Row-major keys of ``indices`` into an operand of sparse shape ``shape`` whose
+    size-1 dimensions broadcast (they contribute index 0). One signature: int64 2-D, int64 1-D."""
+    n, s = indices.shape
+    keys = np.empty(n, np.int64)
+    for i in range(n):
+        k = 0
+        for j in range(s):
+            d = shape[j]
+            k = k * d + (0 if d == 1 else indices[i, j])
+        keys[i] = k
+    return keys
+
+
+def padded_shape(dense_shape_like, ndim: int) -> tuple[int, ...]:
+    """A broadcastable shape with leading ones up to rank ``ndim``."""
+    shape = tuple(int(d) for d in dense_shape_like)
+    return (1,) * (ndim - len(shape)) + shape
+
+
+def gather_operand(indices: np.ndarray, dense: np.ndarray, ndim: int) -> np.ndarray:
+    """The dense operand at each stored entry: ``[nnz, *dense.shape[sparse_ndim:]]`` (after
+    padding ``dense`` to rank ``ndim``). The caller has checked that ``dense`` broadcasts to the
+    sparse tensor's shape, so every key is in range."""
+    s = indices.shape[1]
+    shape = padded_shape(dense.shape, ndim)
+    lead, inner = shape[:s], shape[s:]
+    rows = np.ascontiguousarray(dense).reshape((int(np.prod(lead, dtype=np.int64)), *inner))
+    if indices.shape[0] == 0:
+        return np.empty((0, *inner), dense.dtype)
+    keys = broadcast_keys_kernel(np.ascontiguousarray(indices, dtype=np.int64),
+                                 np.asarray(lead, dtype=np.int64))
+    return gather_rows(rows, keys)
+
+
+def multiply(values: np.ndarray, operand: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if dtype == np.bool_:
+            return np.logical_and(values, operand)
+        return np.multiply(values, operand, dtype=dtype)
+
+
+def first_zero(operand: np.ndarray, values_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Position (in the values' shape) of the first zero of ``operand`` broadcast to it, or None."""
+    zero = np.broadcast_to(operand == 0, values_shape)
+    if not zero.any():
+        return None
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(zero)), values_shape))
+
+
+def divide(values: np.ndarray, operand: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """IEEE true division for inexact ``dtype``; for integers the quotient truncated toward zero
+    (C/TensorFlow, not numpy's floor), wrapping as numpy does for ``INT_MIN / -1``. The caller has
+    ruled out zero integer divisors."""
+    with np.errstate(all="ignore"):
+        if dtype.kind in "fc":
+            return np.true_divide(values, operand, dtype=dtype)
+        a = values.astype(dtype, copy=False)
+        b = operand.astype(dtype, copy=False)
+        q = np.floor_divide(a, b)
+        if dtype.kind == "i":
+            fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+            q = q + fix.astype(dtype)
+        return q
+
+
+def block_magnitude(values2d: np.ndarray) -> np.ndarray:
+    """Largest magnitude per row of ``[n, inner]`` values (NaN where a row holds NaN), float64."""
+    n = values2d.shape[0]
+    if values2d.shape[1] == 0:
+        return np.zeros(n)
+    if values2d.dtype == np.bool_:
+        mag = values2d.astype(np.float64)
+    else:
+        with np.errstate(all="ignore"):
+            mag = np.abs(values2d).astype(np.float64, copy=False)
+    return np.max(mag, axis=1)  # NaN propagates
+
+
+def add_sparse(a_indices, a_values, b_indices, b_values, dense_shape, dtype: np.dtype,
+               threshold: float):
+    """The coalesced sum of two COO tensors of one shape, values in ``dtype``, entries whose
+    largest magnitude is below ``threshold`` dropped (NaN is never below)."""
+    indices = np.concatenate([a_indices, b_indices]).astype(np.int64, copy=False)
+    values = np.concatenate([a_values.astype(dtype, copy=False), b_values.astype(dtype, copy=False)])
+    out_indices, out_values = coalesce(indices, values, dense_shape)
+    if threshold > 0 and out_indices.shape[0]:
+        mag = block_magnitude(out_values.reshape(out_indices.shape[0], -1))
+        keep = ~(mag < threshold)
+        if not keep.all():
+            out_indices, out_values = out_indices[keep], out_values[keep]
+    return out_indices, out_values
+
+
+def add_dense(indices, values, dense_shape, dense: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``dense`` (same shape) plus the sparse tensor, duplicates summed, in ``dtype``."""
+    out = np.array(dense, dtype=dtype, order="C", copy=True)
+    nnz = indices.shape[0]
+    if nnz == 0 or out.size == 0:
+        return out
+    u_indices, u_values = coalesce(indices, values.astype(dtype, copy=False), dense_shape)
+    s = indices.shape[1]
+    lead = np.asarray(dense_shape[:s], dtype=np.int64)
+    rows = out.reshape(int(np.prod(lead)), -1)
+    keys = linearize(u_indices, lead)
+    with np.errstate(all="ignore"):
+        if dtype == np.bool_:
+            rows[keys] |= u_values.reshape(keys.size, -1)
+        else:
+            rows[keys] += u_values.reshape(keys.size, -1)  # keys are unique after coalescing
+    return out
+
+
+def warm_up() -> None:
+    """Compile (or load from the disk cache) this module's one numba signature."""
+    indices = np.array([[1, 0], [0, 1]], dtype=np.int64)
+    broadcast_keys_kernel(indices, np.array([2, 1], dtype=np.int64))
+    gather_operand(indices, np.arange(4.0).reshape(2, 2), 2)

@@ -1,0 +1,460 @@
+"""Element-wise ops: with_values, retain, mul, div, add, map_values.
+
+The seed documents' worked examples as written, hypothesis properties against
+plain numpy references (random shapes of rank 1 to 5, hybrid values, every
+dtype, duplicates, unsorted and empty inputs), the error cases (class and
+reason), and every op over every wire."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
+from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.server.ops import REGISTRY
+
+NUMBER_DTYPES = [d for d in DTYPE_NAMES if d != "bool"]
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+def run(name, **kwargs):
+    op = REGISTRY.get(name)
+    out = op.run("cpu", op.bind(kwargs))
+    return out if len(out) > 1 else out[0]
+
+
+def raises(cls, reason, name, **kwargs):
+    with pytest.raises(cls) as info:
+        run(name, **kwargs)
+    assert info.value.reason == reason, info.value
+    return info.value
+
+
+def random_values(rng, shape, dtype):
+    return np.asarray(_random_values(rng, shape, dtype))
+
+
+def _random_values(rng, shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    low = 0 if dtype.kind == "u" else -5
+    raw = rng.integers(low, 6, size=shape)
+    if dtype.kind == "c":
+        return (raw + 1j * rng.integers(-5, 6, size=shape)).astype(dtype)
+    if dtype.kind == "f":
+        return (raw / 2).astype(dtype)
+    return raw.astype(dtype)
+
+
+@st.composite
+def sparse_tensors(draw, dtypes=DTYPE_NAMES, shape=None, sparse_ndim=None, min_rank=1, max_rank=5):
+    if shape is None:
+        rank = draw(st.integers(min_rank, max_rank))
+        shape = tuple(draw(st.lists(st.integers(0, 4 if rank < 5 else 3), min_size=rank, max_size=rank)))
+    rank = len(shape)
+    if sparse_ndim is None:
+        sparse_ndim = draw(st.integers(1, rank))
+    dtype = draw(st.sampled_from(dtypes))
+    nnz = 0 if 0 in shape[:sparse_ndim] else draw(st.integers(0, 10))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    idx = np.stack([rng.integers(0, d, nnz) for d in shape[:sparse_ndim]], axis=1) if nnz else \
+        np.zeros((0, sparse_ndim), np.int64)
+    if nnz > 2 and draw(st.booleans()):
+        idx[-1] = idx[0]  # a duplicate
+    if draw(st.booleans()):  # sometimes sorted
+        idx = idx[np.lexsort(idx.T[::-1])] if nnz else idx
+    values = random_values(rng, (nnz, *shape[sparse_ndim:]), dtype)
+    return SparseTensor(indices=idx.astype(np.int64), values=values, dense_shape=shape)
+
+
+@st.composite
+def broadcastable(draw, shape, dtypes=DTYPE_NAMES, nonzero=False):
+    """A dense array whose shape broadcasts to ``shape``: leading dims dropped, some set to 1."""
+    drop = draw(st.integers(0, len(shape)))
+    dims = [1 if draw(st.booleans()) and draw(st.booleans()) else d for d in shape[drop:]]
+    dtype = np.dtype(draw(st.sampled_from(dtypes)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    out = random_values(rng, dims, dtype)
+    if nonzero and dtype.kind in "iub":
+        out = np.asarray(np.where(out == 0, np.ones((), dtype), out), dtype=dtype)
+    return out
+
+
+def reference_dense(t: SparseTensor, dtype=None) -> np.ndarray:
+    dtype = np.dtype(dtype or t.dtype)
+    out = np.zeros(t.dense_shape, dtype=dtype)
+    for i in range(t.nnz):
+        key = tuple(t.indices[i])
+        v = t.values[i].astype(dtype)
+        out[key] = (out[key] | v) if dtype == np.bool_ else out[key] + v
+    return out
+
+
+def assert_values(actual, expected):
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if expected.dtype.kind in "fc":
+        rtol = 2e-3 if expected.dtype in (np.float16,) else 1e-6
+        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=0, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(actual, expected)
+
+
+def same_structure(out: SparseTensor, t: SparseTensor):
+    assert tuple(out.dense_shape) == tuple(t.dense_shape)
+    np.testing.assert_array_equal(out.indices, t.indices)
+
+
+# ================================================================ seed examples
+def test_seed_with_values_example():
+    # st = tf.sparse.from_dense([[1, 0, 2, 0], [3, 0, 0, 4]]); to_dense(st.with_values([10, 20, 30, 40]))
+    st_ = run("from_dense", tensor=np.array([[1, 0, 2, 0], [3, 0, 0, 4]], np.int32))
+    out = run("with_values", sp_input=st_, new_values=np.array([10, 20, 30, 40], np.int32))
+    dense = run("to_dense", sp_input=out)
+    assert dense.dtype == np.int32
+    np.testing.assert_array_equal(dense, [[10, 0, 20, 0], [30, 0, 0, 40]])
+
+
+def test_seed_retain_example():
+    # shape [4, 5], [0, 1]: a, [0, 3]: b, [2, 0]: c, [3, 1]: d; to_retain = [True, False, False, True]
+    st_ = SparseTensor(indices=[[0, 1], [0, 3], [2, 0], [3, 1]], values=np.array([1.0, 2, 3, 4]),
+                       dense_shape=[4, 5])
+    out = run("retain", sp_input=st_, to_retain=np.array([True, False, False, True]))
+    assert out.indices.tolist() == [[0, 1], [3, 1]] and out.values.tolist() == [1.0, 4.0]
+    assert tuple(out.dense_shape) == (4, 5)
+
+
+def test_seed_mul_implicit_zeros_stay_zero_against_inf():
+    # "The output locations corresponding to the implicitly zero elements in the sparse tensor will be
+    # zero (i.e., will not take up storage space), regardless of the contents of the dense tensor
+    # (even if it's +/-INF and that INF*0 == NaN)."
+    st_ = SparseTensor(indices=[[0, 0], [1, 1]], values=np.array([2.0, -3.0]), dense_shape=[2, 2])
+    dense = np.array([[np.inf, np.inf], [np.nan, -np.inf]])
+    out = run("mul", sp_input=st_, dense=dense)
+    assert out.indices.tolist() == [[0, 0], [1, 1]] and out.values.tolist() == [np.inf, np.inf]
+    np.testing.assert_array_equal(run("to_dense", sp_input=out), [[np.inf, 0], [0, np.inf]])
+
+
+def test_seed_mul_div_broadcast_dense_side_only():
+    # "this Op only broadcasts the dense side to the sparse side, but not the other direction"
+    st_ = SparseTensor(indices=[[0, 1], [2, 0]], values=np.array([4.0, 9.0]), dense_shape=[3, 2])
+    assert run("mul", sp_input=st_, dense=np.array([10.0, 100.0])).values.tolist() == [400.0, 90.0]
+    assert run("div", sp_input=st_, dense=np.array([[2.0], [1.0], [3.0]])).values.tolist() == [2.0, 3.0]
+    raises(InvalidArgumentError, "SHAPE_MISMATCH", "mul", sp_input=st_, dense=np.ones((2, 3, 2)))
+    assert run("mul", sp_input=st_, dense=2.0).values.tolist() == [8.0, 18.0]  # a 0-D dense
+
+
+def test_tf_add_threshold_example():
+    # tf.sparse.add's docstring: the logical sum [[2], [.1, 0], [6, -.2]] (5 pairs): threshold 0
+    # keeps all 5, 0.11 drops .1 and 0, 0.21 drops .1, 0 and -.2.
+    a = SparseTensor(indices=[[0, 0], [1, 0], [1, 1], [2, 0], [2, 1]],
+                     values=np.array([1.0, 0.05, 1.0, 6.0, -0.1]), dense_shape=[3, 2])
+    b = SparseTensor(indices=[[0, 0], [1, 0], [1, 1], [2, 1]], values=np.array([1.0, 0.05, -1.0, -0.1]),
+                     dense_shape=[3, 2])
+    assert len(run("add", a=a, b=b).values) == 5
+    out = run("add", a=a, b=b, threshold=0.11)
+    assert out.indices.tolist() == [[0, 0], [2, 0], [2, 1]]
+    out = run("add", a=a, b=b, threshold=0.21)
+    assert out.indices.tolist() == [[0, 0], [2, 0]] and out.values.tolist() == [2.0, 6.0]
+
+
+# ================================================================ properties
+@SETTINGS
+@given(st.data())
+def test_with_values_property(data):
+    t = data.draw(sparse_tensors())
+    dtype = data.draw(st.sampled_from(DTYPE_NAMES))
+    new = random_values(np.random.default_rng(0), t.values.shape, dtype)
+    out = run("with_values", sp_input=t, new_values=new)
+    same_structure(out, t)
+    assert_values(out.values, new)
+
+
+@SETTINGS
+@given(st.data())
+def test_retain_property(data):
+    t = data.draw(sparse_tensors())
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=t.nnz, max_size=t.nnz)), dtype=bool)
+    out = run("retain", sp_input=t, to_retain=mask)
+    keep = [i for i in range(t.nnz) if mask[i]]
+    assert out.indices.tolist() == [t.indices[i].tolist() for i in keep]
+    assert_values(out.values, t.values[keep].reshape((len(keep), *t.values.shape[1:])))
+    assert tuple(out.dense_shape) == tuple(t.dense_shape)
+
+
+def cwise_reference(t: SparseTensor, dense: np.ndarray, op) -> np.ndarray:
+    dtype = np.result_type(t.dtype, dense.dtype)
+    full = np.broadcast_to(dense, t.dense_shape)
+    out = np.empty(t.values.shape, dtype)
+    for i in range(t.nnz):
+        out[i] = op(t.values[i].astype(dtype), full[tuple(t.indices[i])].astype(dtype), dtype)
+    return out
+
+
+def ref_mul(a, b, dtype):
+    with np.errstate(all="ignore"):
+        return np.logical_and(a, b) if dtype == np.bool_ else a * b
+
+
+def ref_div(a, b, dtype):
+    with np.errstate(all="ignore"):
+        if dtype.kind in "fc":
+            return a / b
+    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    q = [(abs(int(x)) // abs(int(y))) * (1 if (int(x) < 0) == (int(y) < 0) else -1)
+         for x, y in zip(a.ravel(), b.ravel())]
+    return np.array(q, dtype=dtype).reshape(a.shape)
+
+
+@SETTINGS
+@given(st.data())
+def test_mul_property(data):
+    t = data.draw(sparse_tensors())
+    dense = data.draw(broadcastable(t.dense_shape))
+    out = run("mul", sp_input=t, dense=dense)
+    same_structure(out, t)
+    assert_values(out.values, cwise_reference(t, dense, ref_mul))
+
+
+@SETTINGS
+@given(st.data())
+def test_div_property(data):
+    t = data.draw(sparse_tensors(dtypes=NUMBER_DTYPES))
+    dense = data.draw(broadcastable(t.dense_shape, dtypes=NUMBER_DTYPES, nonzero=True))
+    out = run("div", sp_input=t, dense=dense)
+    same_structure(out, t)
+    assert_values(out.values, cwise_reference(t, dense, ref_div))
+
+
+def sparse_sum_reference(a: SparseTensor, b: SparseTensor, dtype, threshold):
+    """{index tuple: summed block} over both operands, thresholded, sorted."""
+    entries: dict[tuple, np.ndarray] = {}
+    for t in (a, b):
+        for i in range(t.nnz):
+            key = tuple(t.indices[i].tolist())
+            v = np.asarray(t.values[i]).astype(dtype)
+            if key in entries:
+                entries[key] = (entries[key] | v) if dtype == np.bool_ else entries[key] + v
+            else:
+                entries[key] = v
+    keys = sorted(k for k, v in entries.items()
+                  if not (threshold > 0 and np.all(np.abs(v.astype(np.complex128)) < threshold)))
+    return keys, [entries[k] for k in keys]
+
+
+@SETTINGS
+@given(st.data())
+def test_add_sparse_sparse_property(data):
+    a = data.draw(sparse_tensors())
+    b = data.draw(sparse_tensors(shape=tuple(a.dense_shape), sparse_ndim=a.sparse_ndim))
+    threshold = data.draw(st.sampled_from([0.0, 0.0, 1.0, 2.5]))
+    a, b = (b, a) if data.draw(st.booleans()) else (a, b)
+    dtype = np.result_type(a.dtype, b.dtype)
+    out = run("add", a=a, b=b, threshold=threshold)
+    keys, blocks = sparse_sum_reference(a, b, dtype, threshold)
+    assert [tuple(k) for k in out.indices.tolist()] == keys
+    assert tuple(out.dense_shape) == tuple(a.dense_shape) and out.coalesced
+    assert_values(out.values, np.array(blocks, dtype=dtype).reshape((len(keys), *a.values.shape[1:])))
+
+
+@SETTINGS
+@given(st.data())
+def test_add_sparse_dense_property(data):
+    t = data.draw(sparse_tensors())
+    dense = random_values(np.random.default_rng(data.draw(st.integers(0, 99))), t.dense_shape,
+                          data.draw(st.sampled_from(DTYPE_NAMES)))
+    dtype = np.result_type(t.dtype, dense.dtype)
+    expected = reference_dense(t, dtype)
+    expected = (expected | dense) if dtype == np.bool_ else expected + dense.astype(dtype)
+    swap = data.draw(st.booleans())
+    out = run("add", a=dense, b=t) if swap else run("add", a=t, b=dense)
+    assert isinstance(out, np.ndarray)
+    assert_values(out, expected)
+
+
+MAP_REFERENCE = {
+    "neg": np.negative, "abs": np.abs, "sign": np.sign, "square": np.square, "conj": np.conj,
+    "sqrt": np.sqrt, "sin": np.sin, "tan": np.tan, "tanh": np.tanh, "asin": np.arcsin, "atan": np.arctan,
+    "sinh": np.sinh, "asinh": np.arcsinh, "atanh": np.arctanh, "expm1": np.expm1, "log1p": np.log1p,
+    "ceil": np.ceil, "floor": np.floor, "round": np.round, "trunc": np.trunc, "deg2rad": np.deg2rad,
+    "rad2deg": np.rad2deg,
+}
+ROUNDING = ("ceil", "floor", "round", "trunc")
+
+
+def map_reference(fn, values):
+    kind = values.dtype.kind
+    if kind == "b":
+        if fn in ("abs", "sign", "square", "conj", *ROUNDING):
+            return values.copy()
+        return None
+    if kind == "c" and fn in (*ROUNDING, "deg2rad", "rad2deg"):
+        return None
+    if kind in "iu" and fn in ROUNDING:
+        return values.copy()
+    if kind in "iu" and fn not in ("neg", "abs", "sign", "square", "conj"):
+        values = values.astype(np.float64)
+    with np.errstate(all="ignore"):
+        return np.array([MAP_REFERENCE[fn](v) for v in values.reshape(-1)],
+                        dtype=MAP_REFERENCE[fn](values[:0]).dtype).reshape(values.shape)
+
+
+@SETTINGS
+@given(st.data())
+def test_map_values_property(data):
+    t = data.draw(sparse_tensors())
+    fn = data.draw(st.sampled_from(sorted(MAP_REFERENCE)))
+    expected = map_reference(fn, t.values)
+    if expected is None:
+        raises(UnimplementedError, "UNSUPPORTED_DTYPE", "map_values", sp_input=t, fn=fn)
+        return
+    out = run("map_values", sp_input=t, fn=fn)
+    same_structure(out, t)
+    assert_values(out.values, expected)
+
+
+def test_map_values_dtype_rules():
+    ints = SparseTensor(indices=[[0], [2]], values=np.array([4, -9], np.int16), dense_shape=[3])
+    assert run("map_values", sp_input=ints, fn="sqrt").values.dtype == np.float64
+    assert run("map_values", sp_input=ints, fn="floor").values.tolist() == [4, -9]
+    assert run("map_values", sp_input=ints, fn="sign").values.dtype == np.int16
+    z = SparseTensor(indices=[[1]], values=np.array([3 + 4j], np.complex64), dense_shape=[3])
+    out = run("map_values", sp_input=z, fn="abs")
+    assert out.values.dtype == np.float32 and out.values.tolist() == [5.0]
+    half = SparseTensor(indices=[[1]], values=np.array([2.5], np.float16), dense_shape=[3])
+    out = run("map_values", sp_input=half, fn="round")
+    assert out.values.dtype == np.float16 and out.values.tolist() == [2.0]  # half to even
+    assert run("map_values", sp_input=half, fn="arcsin").values.dtype == np.float16  # alias
+    empty = SparseTensor(indices=np.zeros((0, 2), np.int64), values=np.zeros((0, 3), np.float32),
+                         dense_shape=[2, 2, 3])
+    out = run("map_values", sp_input=empty, fn="tanh")
+    assert out.values.shape == (0, 3) and out.values.dtype == np.float32
+
+
+def test_div_integer_truncates_and_float_is_ieee():
+    t = SparseTensor(indices=[[0], [1], [2], [3]], values=np.array([7, -7, 7, -7], np.int32), dense_shape=[4])
+    out = run("div", sp_input=t, dense=np.array([2, 2, -2, -2], np.int32))
+    assert out.values.dtype == np.int32 and out.values.tolist() == [3, -3, -3, 3]
+    m = np.iinfo(np.int64).min
+    t = SparseTensor(indices=[[0]], values=np.array([m]), dense_shape=[2])
+    assert run("div", sp_input=t, dense=np.array([-1])).values.tolist() == [m]  # wraps, no trap
+    f = SparseTensor(indices=[[0], [1]], values=np.array([1.0, 0.0]), dense_shape=[3])
+    out = run("div", sp_input=f, dense=np.array([0.0, 0.0, 0.0]))
+    assert out.values[0] == np.inf and np.isnan(out.values[1]) and out.nnz == 2
+    # a zero divisor at an implicit zero is fine
+    t = SparseTensor(indices=[[0]], values=np.array([5], np.uint8), dense_shape=[2])
+    assert run("div", sp_input=t, dense=np.array([2, 0], np.uint8)).values.tolist() == [2]
+
+
+def test_hybrid_mul_broadcasts_over_dense_dims():
+    t = SparseTensor(indices=[[1], [0]], values=np.array([[1, 2, 3], [4, 5, 6]], np.int64), dense_shape=[2, 3])
+    out = run("mul", sp_input=t, dense=np.array([10, 100, 1000], np.int16))
+    assert out.values.dtype == np.int64 and out.values.tolist() == [[10, 200, 3000], [40, 500, 6000]]
+    out = run("mul", sp_input=t, dense=np.array([[2.0], [3.0]], np.float32))
+    assert out.values.dtype == np.float64 and out.values.tolist() == [[3, 6, 9], [8, 10, 12]]
+
+
+def test_add_keeps_cancellation_zeros_and_nan():
+    a = SparseTensor(indices=[[0], [1], [1]], values=np.array([1.0, np.nan, 2.0]), dense_shape=[3])
+    b = SparseTensor(indices=[[0]], values=np.array([-1.0]), dense_shape=[3])
+    out = run("add", a=a, b=b)
+    assert out.indices.tolist() == [[0], [1]] and out.values[0] == 0.0 and np.isnan(out.values[1])
+    out = run("add", a=a, b=b, threshold=0.5)
+    assert out.indices.tolist() == [[1]]  # NaN is never below the threshold
+    e = SparseTensor(indices=np.zeros((0, 1), np.int64), values=np.zeros(0, np.int8), dense_shape=[3])
+    out = run("add", a=e, b=e)
+    assert out.nnz == 0 and out.values.dtype == np.int8
+    assert run("add", a=e, b=np.arange(3, dtype=np.uint8)).dtype == np.int16
+
+
+# ================================================================ errors
+def test_errors():
+    t = SparseTensor(indices=[[0, 1], [1, 0]], values=np.array([1, 2], np.int32), dense_shape=[2, 3])
+    raises(InvalidArgumentError, "VALUES_SHAPE_MISMATCH", "with_values", sp_input=t, new_values=np.ones(3))
+    raises(InvalidArgumentError, "VALUES_SHAPE_MISMATCH", "with_values", sp_input=t,
+           new_values=np.ones((2, 1)))
+    raises(InvalidArgumentError, "SHAPE_MISMATCH", "retain", sp_input=t, to_retain=np.array([True]))
+    raises(InvalidArgumentError, "SHAPE_MISMATCH", "retain", sp_input=t, to_retain=np.ones((2, 1), bool))
+    raises(InvalidArgumentError, "BAD_DTYPE", "retain", sp_input=t, to_retain=np.array([1, 0]))
+    err = raises(InvalidArgumentError, "SHAPE_MISMATCH", "mul", sp_input=t, dense=np.ones((3, 5)))
+    assert "[3, 5]" in err.message and "[2, 3]" in err.message
+    raises(InvalidArgumentError, "SHAPE_MISMATCH", "div", sp_input=t, dense=np.ones(2))
+    raises(InvalidArgumentError, "SHAPE_MISMATCH", "mul", sp_input=t, dense=np.ones((1, 2, 3)))
+    err = raises(InvalidArgumentError, "DIVISION_BY_ZERO", "div", sp_input=t,
+                 dense=np.array([[1, 1, 1], [0, 1, 1]], np.int32))
+    assert "[1, 0]" in err.message
+    b = SparseTensor(indices=[[0, 0]], values=np.array([True]), dense_shape=[2, 3])
+    raises(UnimplementedError, "UNSUPPORTED_DTYPE", "div", sp_input=b, dense=np.array([True]))
+    raises(InvalidArgumentError, "SHAPE_MISMATCH", "add", a=t, b=SparseTensor(
+        indices=[[0, 0]], values=np.array([1]), dense_shape=[2, 4]))
+    raises(InvalidArgumentError, "SHAPE_MISMATCH", "add", a=t, b=np.ones((3, 2)))
+    raises(InvalidArgumentError, "SPARSE_DIM_MISMATCH", "add", a=t, b=SparseTensor(
+        indices=[[0]], values=np.ones((1, 3)), dense_shape=[2, 3]))
+    raises(InvalidArgumentError, "VALUE_OUT_OF_RANGE", "add", a=t, b=t, threshold=-1.0)
+    raises(UnimplementedError, "UNSUPPORTED_LAYOUT", "add", a=np.ones(2), b=np.ones(2))
+    raises(UnimplementedError, "UNSUPPORTED_LAYOUT", "mul", sp_input=t, dense=t)
+    for fn in ("cos", "exp", "log", "sigmoid"):
+        err = raises(InvalidArgumentError, "NOT_ZERO_PRESERVING", "map_values", sp_input=t, fn=fn)
+        assert "to_dense" in err.message and fn in err.message
+    err = raises(InvalidArgumentError, "UNKNOWN_FUNCTION", "map_values", sp_input=t, fn="frobnicate")
+    assert "to_dense" in err.message
+    raises(UnimplementedError, "UNSUPPORTED_DTYPE", "map_values", sp_input=b, fn="neg")
+    raises(UnimplementedError, "UNSUPPORTED_DTYPE", "map_values", sp_input=b, fn="sqrt")
+    raises(InvalidArgumentError, "BAD_ARGUMENT_TYPE", "map_values", sp_input=t, fn=3)
+
+
+def test_inputs_are_not_written():
+    t = SparseTensor(indices=[[1], [0]], values=np.array([1.0, 2.0]), dense_shape=[2])
+    for arr in (t.indices, t.values):
+        arr.setflags(write=False)
+    d = np.array([3.0, 4.0])
+    d.setflags(write=False)
+    run("mul", sp_input=t, dense=d)
+    run("div", sp_input=t, dense=d)
+    run("add", a=t, b=d)
+    run("add", a=t, b=t, threshold=2.5)
+    run("map_values", sp_input=t, fn="neg")
+    out = run("with_values", sp_input=t, new_values=d)
+    assert out.values.tolist() == [3.0, 4.0] and t.values.tolist() == [1.0, 2.0]
+
+
+# ================================================================ over the wires
+def test_every_op_over_every_wire(client):
+    st_ = SparseTensor(indices=[[0, 1], [2, 0], [0, 1]], values=np.array([1.0, -2.0, 3.0]), dense_shape=[3, 2])
+    out = client.with_values(st_, np.array([1, 2, 3], np.int8))
+    assert out.values.dtype == np.int8 and out.indices.tolist() == [[0, 1], [2, 0], [0, 1]]
+    out = client.retain(st_, np.array([False, True, True]))
+    assert out.indices.tolist() == [[2, 0], [0, 1]] and out.values.tolist() == [-2.0, 3.0]
+    out = client.mul(st_, np.array([10.0, np.inf]))
+    assert out.values.tolist() == [np.inf, -20.0, np.inf] and out.nnz == 3
+    out = client.div(st_, np.array([[2.0], [1.0], [4.0]]))
+    assert out.values.tolist() == [0.5, -0.5, 1.5]
+    out = client.add(st_, st_, threshold=3.0)
+    assert out.indices.tolist() == [[0, 1], [2, 0]] and out.values.tolist() == [8.0, -4.0]
+    dense = client.add(st_, np.ones((3, 2)))
+    np.testing.assert_array_equal(dense, [[1, 5], [1, 1], [-1, 1]])
+    out = client.map_values(st_, "abs")
+    assert out.values.tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(InvalidArgumentError) as info:
+        client.map_values(st_, "cos")
+    assert info.value.reason == "NOT_ZERO_PRESERVING" and "to_dense" in info.value.message
+    ints = SparseTensor(indices=[[1]], values=np.array([3], np.int32), dense_shape=[2])
+    with pytest.raises(InvalidArgumentError) as info:
+        client.div(ints, np.array([1, 0], np.int32))
+    assert info.value.reason == "DIVISION_BY_ZERO"
+
+
+def test_handle_input(client):
+    st_ = SparseTensor(indices=[[1, 0]], values=np.array([2.5]), dense_shape=[2, 2])
+    h = client.put(st_)
+    try:
+        out = client.mul(h, np.array([[2.0, 0.0], [4.0, 0.0]]))
+        assert out.indices.tolist() == [[1, 0]] and out.values.tolist() == [10.0]
+        assert client.add(h, np.zeros((2, 2))).tolist() == [[0, 0], [2.5, 0]]
+    finally:
+        client.delete(h)
