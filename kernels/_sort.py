@@ -146,12 +146,21 @@ def gather_rows(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
     # The widest unsigned word that divides a row keeps the signatures to four.
     word = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
     words = a.reshape(n, -1).view(np.dtype(f"u{word}")).reshape(n, row_bytes // word)
-    return gather_rows_kernel(words, perm).view(a.dtype).reshape((perm.size, *a.shape[1:]))
+    return gather_rows_kernel(frozen(words), frozen(perm)).view(a.dtype).reshape((perm.size, *a.shape[1:]))
+
+
+def frozen(a: np.ndarray) -> np.ndarray:
+    """A read-only view. Numba compiles read-only and writable arrays as different signatures,
+    so wrappers pass every array a kernel only reads as read-only, whether it came from a
+    request (read-only) or was computed here (writable): one signature, warmed up once."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def linearize(indices: np.ndarray, sparse_shape) -> np.ndarray:
     """Row-major int64 keys of validated COO indices."""
-    return linearize_kernel(np.ascontiguousarray(indices, dtype=np.int64),
+    return linearize_kernel(frozen(np.ascontiguousarray(indices, dtype=np.int64)),
                             np.asarray(sparse_shape, dtype=np.int64))
 
 
@@ -166,7 +175,7 @@ def sorted_keys(indices: np.ndarray, sparse_shape) -> tuple[np.ndarray, np.ndarr
     Packs key and position into one word when they fit (the fast, parallel
     path); otherwise sorts (key, position) pairs.
     """
-    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    indices = frozen(np.ascontiguousarray(indices, dtype=np.int64))
     sparse_shape = np.asarray(sparse_shape, dtype=np.int64)
     n = indices.shape[0]
     key_bits = int(max(int(np.prod(sparse_shape, dtype=object)) - 1, 0)).bit_length()

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._parallel import N_CHUNKS, PARALLEL_LOCK
-from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, gather_rows,
+from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen, gather_rows,
                     linearize, segment_starts_parallel, sorted_keys)
 
 
@@ -180,13 +180,13 @@ def _segment_sum(values2d: np.ndarray, perm: np.ndarray, starts: np.ndarray) -> 
     if dtype == np.bool_:
         out = np.empty((starts.size, values2d.shape[1]), np.uint8)
         with PARALLEL_LOCK:
-            segment_or_kernel(values2d.view(np.uint8), perm, starts, out, N_CHUNKS)
+            segment_or_kernel(frozen(values2d.view(np.uint8)), perm, starts, out, N_CHUNKS)
         return out.view(np.bool_)
     work = values2d.astype(np.float32) if dtype == np.float16 else values2d
     out = np.empty((starts.size, values2d.shape[1]), work.dtype)
     if starts.size:
         with PARALLEL_LOCK:
-            segment_sum_kernel(work, perm, starts, out, N_CHUNKS)
+            segment_sum_kernel(frozen(work), perm, starts, out, N_CHUNKS)
     return out.astype(dtype, copy=False)
 
 
@@ -228,9 +228,10 @@ def to_dense(indices, values, dense_shape, default_value, validate_indices: bool
     out_words, fill_words, value_words = _words(rows), _words(fill.reshape(1, inner))[0], _words(values2d)
     with PARALLEL_LOCK:
         if out_words.shape[1] == 1:
-            fill_merge_1d_kernel(out_words.reshape(-1), fill_words[0], keys, value_words.reshape(-1), N_CHUNKS)
+            fill_merge_1d_kernel(out_words.reshape(-1), fill_words[0], keys, frozen(value_words.reshape(-1)),
+                                 N_CHUNKS)
         else:
-            fill_merge_kernel(out_words, fill_words, keys, value_words, N_CHUNKS)
+            fill_merge_kernel(out_words, frozen(fill_words), keys, frozen(value_words), N_CHUNKS)
     return dense
 
 
@@ -239,7 +240,7 @@ def from_dense(array, sparse_dim: int):
     lead = tuple(array.shape[:sparse_dim])
     n = int(np.prod(lead, dtype=np.int64))
     rows = np.ascontiguousarray(array).reshape(n, int(np.prod(array.shape[sparse_dim:], dtype=np.int64)))
-    words, mask = _words(rows), _zero_mask(rows.dtype)
+    words, mask = frozen(_words(rows)), _zero_mask(rows.dtype)
     with PARALLEL_LOCK:
         if words.shape[1] == 1:
             rows_nz = nonzero_1d_kernel(words.reshape(-1), mask, N_CHUNKS)
@@ -251,15 +252,19 @@ def from_dense(array, sparse_dim: int):
 
 
 def warm_up() -> None:
-    """Every kernel of this module once per dtype (see ``sparseserve.kernels.warm_up``)."""
+    """Every kernel of this module once per dtype (see ``sparseserve.kernels.warm_up``), with
+    read-only inputs as the server passes them."""
     from . import DTYPES
 
-    indices = np.array([[1, 0], [0, 1], [1, 0]], dtype=np.int64)
+    indices = frozen(np.array([[1, 0], [0, 1], [1, 0]], dtype=np.int64))
     shape = (2, 2)
     for name in DTYPES:
-        values = np.ones(3, dtype=name)
-        reorder(indices, values, shape)
-        coalesce(indices, values, shape)
-        first_disorder(indices, shape)
-        dense = to_dense(indices, values, shape, values[0], False)
-        from_dense(dense, 2)
+        for dense_dims in ((), (2,)):
+            values = frozen(np.ones((3, *dense_dims), dtype=name))
+            full = (*shape, *dense_dims)
+            reorder(indices, values, full)
+            coalesce(indices, values, full)
+            first_disorder(indices, full)
+            dense = to_dense(indices, values, full, values.reshape(-1)[0], False)
+            to_dense(*coalesce(indices, values, full), full, values.reshape(-1)[0], True)
+            from_dense(frozen(dense), 2)

@@ -139,6 +139,8 @@ def add_dense(indices, values, dense_shape, dense: np.ndarray, dtype: np.dtype) 
 
 def warm_up() -> None:
     """Compile (or load from the disk cache) this module's one numba signature."""
-    indices = np.array([[1, 0], [0, 1]], dtype=np.int64)
+    from ._sort import frozen
+
+    indices = frozen(np.array([[1, 0], [0, 1]], dtype=np.int64))
     broadcast_keys_kernel(indices, np.array([2, 1], dtype=np.int64))
-    gather_operand(indices, np.arange(4.0).reshape(2, 2), 2)
+    gather_operand(indices, frozen(np.arange(4.0).reshape(2, 2)), 2)

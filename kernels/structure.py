@@ -109,6 +109,8 @@ def take_rows(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def warm_up() -> None:
     """Compile (or load from the disk cache) this module's signatures."""
-    idx = np.array([[1, 0], [0, 1], [1, 1]], dtype=np.int64)
+    from ._sort import frozen
+
+    idx = frozen(np.array([[1, 0], [0, 1], [1, 1]], dtype=np.int64))
     select(idx, [1, 0], [1, 1], [1, 2], [False, True])
-    to_indicator(idx, np.array([0, 1, 2], np.int64), (2, 2), 3)
+    to_indicator(idx, frozen(np.array([0, 1, 2], np.int64)), (2, 2), 3)

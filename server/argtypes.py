@@ -68,12 +68,34 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
         check_sparse(value, name)
     else:
         check_dense(value, name)
+    value = _frozen(value)
     layout = _layout_of(value)
     if layout not in layouts:
         raise UnimplementedError(
             f"{op} does not support layout {layout} for {name}; it accepts "
             f"{', '.join(layouts)}", reason="UNSUPPORTED_LAYOUT")
     return value
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+def _frozen(value: Any) -> Any:
+    """Read-only views of a tensor's arrays. Kernels never write their inputs, and numba
+    compiles read-only and writable arrays as different signatures: one kind from every
+    wire (protobuf bytes are read-only, JSON lists are not) keeps the warmed-up ones in use."""
+    if isinstance(value, np.ndarray):
+        return _readonly(value)
+    if value.layout == "coo":
+        return SparseTensor(indices=_readonly(value.indices), values=_readonly(value.values),
+                            dense_shape=value.dense_shape, coalesced=value.coalesced)
+    return SparseTensor(layout=value.layout, compressed_indices=_readonly(value.compressed_indices),
+                        plain_indices=_readonly(value.plain_indices), values=_readonly(value.values),
+                        dense_shape=value.dense_shape, blocksize=value.blocksize,
+                        coalesced=value.coalesced)
 
 
 def _scalar_of_array(value: Any, name: str) -> Any:

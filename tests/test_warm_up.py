@@ -1,0 +1,55 @@
+"""Readiness means compiled: after ``warm_up()``, requests through the ops add no
+numba signature (a new signature would be a compile inside a request)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_ops_after_warm_up_compile_nothing_new():
+    # A fresh process, so that signatures compiled by other tests don't hide a gap.
+    code = textwrap.dedent("""
+        import numpy as np
+        from numba.core.registry import CPUDispatcher
+        from sparseserve import kernels, SparseTensor
+        from sparseserve.kernels import _sort, coo, elementwise, structure
+        from sparseserve.server.ops import REGISTRY
+
+        def signatures():
+            return {(m.__name__, n): len(d.signatures) for m in (_sort, coo, elementwise, structure)
+                    for n, d in vars(m).items() if isinstance(d, CPUDispatcher)}
+
+        kernels.warm_up()
+        before = signatures()
+
+        def run(op, **args):
+            o = REGISTRY.get(op)
+            return o.run("cpu", o.bind(args))
+
+        for dtype in ("float64", "int32", "bool", "float16", "complex64"):
+            st = SparseTensor(indices=[[2, 1], [0, 3], [2, 1]], values=np.ones(3, dtype), dense_shape=[4, 5])
+            hy = SparseTensor(indices=[[2], [0], [2]], values=np.ones((3, 2), dtype), dense_shape=[4, 2])
+            for t in (st, hy):
+                run("reorder", sp_input=t)
+                c = run("coalesce", sp_input=t)[0]
+                run("to_dense", sp_input=c)
+                run("to_dense", sp_input=t, validate_indices=False)
+                run("from_dense", tensor=run("to_dense", sp_input=c)[0])
+                run("concat", axis=0, sp_inputs=[t, t])
+                run("fill_empty_rows", sp_input=t, default_value=0)
+                run("select", sp_input=t, index=[2])
+                run("retain", sp_input=t, to_retain=np.array([True, False, True]))
+            if dtype != "bool":
+                run("mul", sp_input=st, dense=np.ones(5, dtype))
+                run("add", a=st, b=st)
+                run("add", a=st, b=np.ones((4, 5), dtype))
+        run("to_indicator", sp_input=SparseTensor(indices=[[0, 0]], values=[1], dense_shape=[2, 2]), vocab_size=3)
+        run("sparse_to_dense", sparse_indices=np.array([[0, 1]]), output_shape=[2, 2], sparse_values=np.array([1.0]))
+        grown = {k: (before.get(k, 0), v) for k, v in signatures().items() if v != before.get(k, 0)}
+        print("GROWN", grown)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "GROWN {}" in result.stdout, result.stdout
