@@ -80,6 +80,17 @@ def main() -> None:
     ours = best_of(lambda: kernels.from_dense(dense, 2), args.repeat)
     rows.append(("from_dense", "numpy copy of the input", ours, copy))
 
+    # mul through its op declaration (broadcast checks included) against copying what it reads.
+    from sparseserve import SparseTensor
+    from sparseserve.server.ops import REGISTRY
+
+    mul = REGISTRY.get("mul")
+    bound = mul.bind({"sp_input": SparseTensor(indices=di, values=dv, dense_shape=dense.shape),
+                      "dense": dense})
+    ours = best_of(lambda: mul.run("cpu", bound), args.repeat)
+    peer = best_of(lambda: (di.copy(), dv.copy()), args.repeat)
+    rows.append(("mul (sparse * dense)", "numpy copy of indices + values", ours, peer))
+
     print(f"\n{datetime.date.today()} on {platform.machine()} with {os.cpu_count()} cores, "
           f"{platform.python_implementation()} {platform.python_version()}; "
           f"nnz={args.nnz:,} in {args.dim:,}^2 (10% duplicates), dense {args.dense:,}^2 float64\n")
