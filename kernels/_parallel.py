@@ -16,6 +16,12 @@ import threading
 import numba
 
 
+# Idle OpenMP threads sleep instead of spinning: in a server other requests need the cores
+# (with spinning, a 100-entry call took tens of milliseconds on a busy 2-core machine).
+# libgomp reads this when it loads, which is below.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def _threadsafe_layer_available() -> bool:
     for pool in ("numba.np.ufunc.omppool", "numba.np.ufunc.tbbpool"):
         try:
@@ -34,3 +40,7 @@ PARALLEL_LOCK = contextlib.nullcontext() if THREADSAFE else threading.Lock()
 
 # Chunks a parallel pass splits its input into: a few per thread evens out the load.
 N_CHUNKS = max(1, numba.config.NUMBA_NUM_THREADS) * 4
+
+# Below this many entries a parallel region costs more than it saves: wrappers take
+# their sequential path (also the latency path for small calls).
+PARALLEL_MIN = 1 << 16

@@ -180,7 +180,7 @@ def sorted_keys(indices: np.ndarray, sparse_shape) -> tuple[np.ndarray, np.ndarr
     n = indices.shape[0]
     key_bits = int(max(int(np.prod(sparse_shape, dtype=object)) - 1, 0)).bit_length()
     pos_bits = max(int(n - 1).bit_length(), 1)
-    if n < 2 or key_bits + pos_bits > 63:
+    if n < _parallel.PARALLEL_MIN or key_bits + pos_bits > 63:
         return radix_argsort_kernel(linearize_kernel(indices, sparse_shape))
     with _parallel.PARALLEL_LOCK:
         packed = pack_keys_kernel(indices, sparse_shape, pos_bits, _parallel.N_CHUNKS)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._parallel import N_CHUNKS, PARALLEL_LOCK
+from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
 from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen, gather_rows,
-                    linearize, segment_starts_parallel, sorted_keys)
+                    linearize, segment_starts_kernel, segment_starts_parallel, sorted_keys)
 
 
 # The segment kernels split the runs into chunks that the threads take in turn.
@@ -170,6 +170,8 @@ def reorder(indices, values, dense_shape):
     # Keys and index rows are in one-to-one correspondence, so the sorted indices
     # come from the sorted keys sequentially instead of by a random gather.
     sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
+    if keys.size < PARALLEL_MIN:
+        return delinearize_kernel(keys, sparse_shape), gather_rows(values, perm)
     with PARALLEL_LOCK:
         out_indices = delinearize_parallel(keys, sparse_shape, N_CHUNKS)
     return out_indices, gather_rows(values, perm)
@@ -177,12 +179,17 @@ def reorder(indices, values, dense_shape):
 
 def _segment_sum(values2d: np.ndarray, perm: np.ndarray, starts: np.ndarray) -> np.ndarray:
     dtype = values2d.dtype
+    if dtype == np.bool_ and perm.size < PARALLEL_MIN:
+        return np.logical_or.reduceat(values2d[perm], starts, axis=0) if starts.size else values2d[:0]
     if dtype == np.bool_:
         out = np.empty((starts.size, values2d.shape[1]), np.uint8)
         with PARALLEL_LOCK:
             segment_or_kernel(frozen(values2d.view(np.uint8)), perm, starts, out, N_CHUNKS)
         return out.view(np.bool_)
     work = values2d.astype(np.float32) if dtype == np.float16 else values2d
+    if perm.size < PARALLEL_MIN:  # small: numpy's reduceat, no parallel region
+        summed = np.add.reduceat(work[perm], starts, axis=0) if starts.size else work[:0]
+        return summed.astype(dtype, copy=False)
     out = np.empty((starts.size, values2d.shape[1]), work.dtype)
     if starts.size:
         with PARALLEL_LOCK:
@@ -195,10 +202,14 @@ def coalesce(indices, values, dense_shape):
     nnz = indices.shape[0]
     perm, keys = _sorted(indices, dense_shape)
     sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
-    with PARALLEL_LOCK:
-        starts = segment_starts_parallel(keys, N_CHUNKS)
-        # Unique indices from the sorted keys: sequential reads, unlike gathering rows of ``indices``.
-        out_indices = delinearize_parallel(keys[starts], sparse_shape, N_CHUNKS)
+    # Unique indices from the sorted keys: sequential reads, unlike gathering rows of ``indices``.
+    if nnz < PARALLEL_MIN:
+        starts = segment_starts_kernel(keys)
+        out_indices = delinearize_kernel(keys[starts], sparse_shape)
+    else:
+        with PARALLEL_LOCK:
+            starts = segment_starts_parallel(keys, N_CHUNKS)
+            out_indices = delinearize_parallel(keys[starts], sparse_shape, N_CHUNKS)
     summed = _segment_sum(_values2d(values, nnz), perm, starts)
     return out_indices, summed.reshape((starts.size, *values.shape[1:]))
 
@@ -225,6 +236,10 @@ def to_dense(indices, values, dense_shape, default_value, validate_indices: bool
     # so the dense output is written in one sequential pass.
     keys = linearize(indices, sparse_shape)
     values2d = _values2d(values, indices.shape[0])
+    if rows.size < PARALLEL_MIN:  # small: numpy fill and scatter, no parallel region
+        rows[...] = fill
+        rows[keys] = values2d
+        return dense
     out_words, fill_words, value_words = _words(rows), _words(fill.reshape(1, inner))[0], _words(values2d)
     with PARALLEL_LOCK:
         if out_words.shape[1] == 1:
@@ -241,6 +256,10 @@ def from_dense(array, sparse_dim: int):
     n = int(np.prod(lead, dtype=np.int64))
     rows = np.ascontiguousarray(array).reshape(n, int(np.prod(array.shape[sparse_dim:], dtype=np.int64)))
     words, mask = frozen(_words(rows)), _zero_mask(rows.dtype)
+    if words.size < PARALLEL_MIN:  # small: numpy, no parallel region
+        rows_nz = np.flatnonzero(np.any(words & mask, axis=1)) if n else np.zeros(0, np.int64)
+        indices = delinearize_kernel(rows_nz.astype(np.int64), np.asarray(lead, dtype=np.int64))
+        return indices, gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
     with PARALLEL_LOCK:
         if words.shape[1] == 1:
             rows_nz = nonzero_1d_kernel(words.reshape(-1), mask, N_CHUNKS)
@@ -252,19 +271,22 @@ def from_dense(array, sparse_dim: int):
 
 
 def warm_up() -> None:
-    """Every kernel of this module once per dtype (see ``sparseserve.kernels.warm_up``), with
-    read-only inputs as the server passes them."""
+    """Every kernel of this module, on its small (sequential) and large (parallel) paths, once per
+    dtype (see ``sparseserve.kernels.warm_up``), with read-only inputs as the server passes them."""
     from . import DTYPES
 
-    indices = frozen(np.array([[1, 0], [0, 1], [1, 0]], dtype=np.int64))
-    shape = (2, 2)
-    for name in DTYPES:
-        for dense_dims in ((), (2,)):
-            values = frozen(np.ones((3, *dense_dims), dtype=name))
-            full = (*shape, *dense_dims)
-            reorder(indices, values, full)
-            coalesce(indices, values, full)
-            first_disorder(indices, full)
-            dense = to_dense(indices, values, full, values.reshape(-1)[0], False)
-            to_dense(*coalesce(indices, values, full), full, values.reshape(-1)[0], True)
-            from_dense(frozen(dense), 2)
+    side = 512  # 512 x 512 = 4 x PARALLEL_MIN: the dense round trip takes the parallel path too
+    for nnz in (3, PARALLEL_MIN):
+        rows = np.arange(nnz, dtype=np.int64) * 7919 % (side * side)
+        indices = frozen(np.stack([rows // side, rows % side], axis=1))
+        indices = frozen(np.concatenate([indices, indices[:1]]))  # a duplicate
+        for name in DTYPES:
+            for dense_dims in ((), (2,)):
+                values = frozen(np.ones((indices.shape[0], *dense_dims), dtype=name))
+                full = (side, side, *dense_dims)
+                reorder(indices, values, full)
+                ci, cv = coalesce(indices, values, full)
+                first_disorder(indices, full)
+                dense = to_dense(indices, values, full, values.reshape(-1)[0], False)
+                to_dense(frozen(ci), frozen(cv), full, values.reshape(-1)[0], True)
+                from_dense(frozen(dense), 2)

@@ -45,6 +45,15 @@ def test_ops_after_warm_up_compile_nothing_new():
                 run("mul", sp_input=st, dense=np.ones(5, dtype))
                 run("add", a=st, b=st)
                 run("add", a=st, b=np.ones((4, 5), dtype))
+        # Past PARALLEL_MIN entries the kernels take their parallel paths.
+        from sparseserve.kernels._parallel import PARALLEL_MIN
+        rng = np.random.default_rng(0)
+        for dtype in ("float64", "int8", "bool", "float16", "complex128"):
+            big = SparseTensor(indices=rng.integers(0, 600, (2 * PARALLEL_MIN, 2)),
+                               values=np.ones(2 * PARALLEL_MIN, dtype), dense_shape=[600, 600])
+            c = run("coalesce", sp_input=big)[0]
+            run("reorder", sp_input=big)
+            run("from_dense", tensor=run("to_dense", sp_input=c)[0])
         run("to_indicator", sp_input=SparseTensor(indices=[[0, 0]], values=[1], dense_shape=[2, 2]), vocab_size=3)
         run("sparse_to_dense", sparse_indices=np.array([[0, 1]]), output_shape=[2, 2], sparse_values=np.array([1.0]))
         grown = {k: (before.get(k, 0), v) for k, v in signatures().items() if v != before.get(k, 0)}
