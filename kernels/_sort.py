@@ -125,28 +125,21 @@ def segment_starts_kernel(sorted_keys):
     return starts
 
 
-@njit(nogil=True, cache=True)
-def gather_rows_kernel(rows, perm):
-    """rows[perm] for a 2-D array (numpy's fancy indexing on axis 0 is several times slower)."""
-    out = np.empty((perm.size, rows.shape[1]), rows.dtype)
-    for i in range(perm.size):
-        src = perm[i]
-        for j in range(rows.shape[1]):
-            out[i, j] = rows[src, j]
-    return out
-
-
 def gather_rows(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
-    """``a[perm]`` along axis 0 for any dtype: rows move as opaque words, no arithmetic."""
+    """``a[perm]`` along axis 0 for any dtype: rows move as opaque words, no arithmetic.
+
+    ``np.take`` on a word view: twice as fast as a numba loop or fancy indexing here,
+    and nothing to compile.
+    """
     a = np.ascontiguousarray(a)
     n = a.shape[0]
     row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
     if n == 0 or row_bytes == 0:
         return np.empty((perm.size, *a.shape[1:]), a.dtype)
-    # The widest unsigned word that divides a row keeps the signatures to four.
     word = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
     words = a.reshape(n, -1).view(np.dtype(f"u{word}")).reshape(n, row_bytes // word)
-    return gather_rows_kernel(frozen(words), frozen(perm)).view(a.dtype).reshape((perm.size, *a.shape[1:]))
+    out = np.take(words, perm, axis=0) if words.shape[1] > 1 else np.take(words[:, 0], perm)[:, None]
+    return out.view(a.dtype).reshape((perm.size, *a.shape[1:]))
 
 
 def frozen(a: np.ndarray) -> np.ndarray:
@@ -166,7 +159,7 @@ def linearize(indices: np.ndarray, sparse_shape) -> np.ndarray:
 
 def argsort_stable(keys: np.ndarray) -> np.ndarray:
     """The stable sorting permutation of non-negative int64 keys."""
-    return radix_argsort_kernel(np.ascontiguousarray(keys, dtype=np.int64))[0]
+    return radix_argsort_kernel(frozen(np.ascontiguousarray(keys, dtype=np.int64)))[0]
 
 
 def sorted_keys(indices: np.ndarray, sparse_shape) -> tuple[np.ndarray, np.ndarray]:
