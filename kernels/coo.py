@@ -82,32 +82,6 @@ def nonzero_rows_kernel(words, mask, n_chunks):
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def nonzero_1d_kernel(words, mask, n_chunks):
-    """``nonzero_rows_kernel`` for one word per row: branch-free marking the compiler vectorises."""
-    n = words.size
-    chunk = (n + n_chunks - 1) // n_chunks
-    marks = np.empty(n, np.uint8)
-    counts = np.zeros(n_chunks + 1, np.int64)
-    for c in prange(n_chunks):
-        m = 0
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            hit = np.uint8((words[i] & mask) != 0)
-            marks[i] = hit
-            m += hit
-        counts[c + 1] = m
-    for c in range(n_chunks):
-        counts[c + 1] += counts[c]
-    out = np.empty(counts[n_chunks], np.int64)
-    for c in prange(n_chunks):
-        r = counts[c]
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            if marks[i]:
-                out[r] = i
-                r += 1
-    return out
-
-
-@njit(nogil=True, cache=True, parallel=True)
 def fill_merge_kernel(out, fill, keys, rows, n_chunks):
     """One streaming pass: out[k] = rows[i] where keys[i] == k, else fill. Keys sorted and unique."""
     n, width = out.shape
@@ -261,10 +235,7 @@ def from_dense(array, sparse_dim: int):
         indices = delinearize_kernel(rows_nz.astype(np.int64), np.asarray(lead, dtype=np.int64))
         return indices, gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
     with PARALLEL_LOCK:
-        if words.shape[1] == 1:
-            rows_nz = nonzero_1d_kernel(words.reshape(-1), mask, N_CHUNKS)
-        else:
-            rows_nz = nonzero_rows_kernel(words, mask, N_CHUNKS)
+        rows_nz = nonzero_rows_kernel(words, mask, N_CHUNKS)
         indices = delinearize_parallel(rows_nz, np.asarray(lead, dtype=np.int64), N_CHUNKS)
     values = gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
     return indices, values

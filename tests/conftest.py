@@ -96,3 +96,20 @@ def make_client(server: ServerProcess, wire: str, **kwargs):
 def client(request, server):
     with make_client(server, request.param) as c:
         yield c
+
+
+def run_op(name: str, **kwargs):
+    """Bind and run a registered op in-process, as the server does (one output, or a tuple)."""
+    from sparseserve.server.ops import REGISTRY
+
+    op = REGISTRY.get(name)
+    out = op.run("cpu", op.bind(kwargs))
+    return out if len(out) > 1 else out[0]
+
+
+def op_raises(cls, reason: str, name: str, **kwargs):
+    """Run an op expecting ``cls`` with ``reason``; returns the error."""
+    with pytest.raises(cls) as info:
+        run_op(name, **kwargs)
+    assert info.value.reason == reason, info.value
+    return info.value

@@ -14,23 +14,13 @@ from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
 from sparseserve._dtypes import DTYPE_NAMES
-from sparseserve.server.ops import REGISTRY
+from conftest import op_raises, run_op
 
 NUMBER_DTYPES = [d for d in DTYPE_NAMES if d != "bool"]
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
-def run(name, **kwargs):
-    op = REGISTRY.get(name)
-    out = op.run("cpu", op.bind(kwargs))
-    return out if len(out) > 1 else out[0]
-
-
-def raises(cls, reason, name, **kwargs):
-    with pytest.raises(cls) as info:
-        run(name, **kwargs)
-    assert info.value.reason == reason, info.value
-    return info.value
+run, raises = run_op, op_raises
 
 
 def random_values(rng, shape, dtype):

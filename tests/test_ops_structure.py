@@ -15,21 +15,12 @@ from sparseserve import (InvalidArgumentError, ResourceExhaustedError, SparseTen
                          UnimplementedError)
 from sparseserve._dtypes import DTYPE_NAMES
 from sparseserve.server.ops import REGISTRY
+from conftest import op_raises, run_op
 
 INT_DTYPES = [d for d in DTYPE_NAMES if np.dtype(d).kind in "iu"]
 
 
-def run(name, **kwargs):
-    op = REGISTRY.get(name)
-    out = op.run("cpu", op.bind(kwargs))
-    return out if len(out) > 1 else out[0]
-
-
-def raises(cls, reason, name, **kwargs):
-    with pytest.raises(cls) as info:
-        run(name, **kwargs)
-    assert info.value.reason == reason, info.value
-    return info.value
+run, raises = run_op, op_raises
 
 
 def coo(indices, values, shape, dtype=None):

@@ -30,3 +30,17 @@ def cast_scalar(value: Any, dtype: np.dtype, name: str) -> np.generic:
 def coo(indices: np.ndarray, values: np.ndarray, like: SparseTensor, *, coalesced: bool) -> SparseTensor:
     return SparseTensor(indices=indices, values=values, dense_shape=like.dense_shape,
                         coalesced=coalesced)
+
+
+def check_ordered(indices: np.ndarray, dense_shape, name: str, remedy: str) -> None:
+    """validate_indices: row-major order and no repeats, or INVALID_ARGUMENT naming the entry."""
+    from sparseserve import kernels
+
+    position, repeated = kernels.first_disorder(indices, dense_shape)
+    if position < 0:
+        return
+    index = indices[position].tolist()
+    if repeated:
+        raise InvalidArgumentError(f"{name}[{position}] = {index} is repeated", reason="INDICES_REPEATED")
+    raise InvalidArgumentError(f"{name}[{position}] = {index} is out of order; {remedy} or pass "
+                               "validate_indices=false", reason="INDICES_UNSORTED")

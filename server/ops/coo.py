@@ -10,7 +10,7 @@ from sparseserve import kernels
 
 from ..argtypes import BOOL, DENSE, OPTIONAL_INT, SCALAR, SPARSE
 from ..registry import REGISTRY, Arg, Output
-from ._common import cast_scalar, coo
+from ._common import cast_scalar, check_ordered, coo
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
 
@@ -58,15 +58,7 @@ and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed
 def to_dense(sp_input: SparseTensor, default_value=0, validate_indices: bool = True) -> np.ndarray:
     default = cast_scalar(default_value, sp_input.dtype, "default_value")
     if validate_indices:
-        position, repeated = kernels.first_disorder(sp_input.indices, sp_input.dense_shape)
-        if position >= 0:
-            index = sp_input.indices[position].tolist()
-            if repeated:
-                raise InvalidArgumentError(f"sp_input.indices[{position}] = {index} is repeated",
-                                           reason="INDICES_REPEATED")
-            raise InvalidArgumentError(
-                f"sp_input.indices[{position}] = {index} is out of order; reorder the tensor first "
-                "or pass validate_indices=false", reason="INDICES_UNSORTED")
+        check_ordered(sp_input.indices, sp_input.dense_shape, "sp_input.indices", "reorder the tensor first")
     return kernels.to_dense(sp_input.indices, sp_input.values, sp_input.dense_shape, default,
                             validate_indices)
 

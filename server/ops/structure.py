@@ -18,11 +18,10 @@ from sparseserve._tensor import SparseTensor
 from sparseserve._validate import INT64_MAX, check_shape
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import structure as sk
-from sparseserve.kernels._sort import first_disorder_kernel, linearize
 
 from ..argtypes import BOOL, DENSE, INDEX, INT, INT_LIST, SCALAR, SPARSE, TENSORS
 from ..registry import REGISTRY, Arg, Output
-from ._common import cast_scalar
+from ._common import cast_scalar, check_ordered
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
 
@@ -107,16 +106,7 @@ def sparse_to_dense(sparse_indices, output_shape, sparse_values, default_value=0
                 f"sparse_indices[{i}] = {idx[i].tolist()} is out of range for output_shape "
                 f"{list(shape)}", reason="INDEX_OUT_OF_RANGE")
     if validate_indices and n > 1:
-        position, repeated = first_disorder_kernel(linearize(idx, shape))
-        position = int(position)
-        if position >= 0:
-            index = idx[position].tolist()
-            if repeated:
-                raise InvalidArgumentError(f"sparse_indices[{position}] = {index} is repeated",
-                                           reason="INDICES_REPEATED")
-            raise InvalidArgumentError(
-                f"sparse_indices[{position}] = {index} is out of order; sort the indices or pass "
-                "validate_indices=false", reason="INDICES_UNSORTED")
+        check_ordered(idx, shape, "sparse_indices", "sort the indices")
     values = np.broadcast_to(plan.values, (n,))
     return kernels.to_dense(idx, values, shape, default, validate_indices)
 
