@@ -17,7 +17,9 @@ from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_ker
                     linearize, segment_starts_kernel, segment_starts_parallel, sorted_keys)
 
 
-# The segment kernels split the runs into chunks that the threads take in turn.
+# The segment kernels split the runs into chunks that the threads take in turn. Sum and
+# or are two kernels, not one with a flag: numba types both branches for every dtype,
+# and ``|`` does not exist for floats.
 
 @njit(nogil=True, cache=True, parallel=True)
 def segment_sum_kernel(values, perm, starts, out, n_chunks):
