@@ -162,11 +162,15 @@ def argsort_stable(keys: np.ndarray) -> np.ndarray:
     return radix_argsort_kernel(frozen(np.ascontiguousarray(keys, dtype=np.int64)))[0]
 
 
-def sorted_keys(indices: np.ndarray, sparse_shape) -> tuple[np.ndarray, np.ndarray]:
-    """(perm, keys[perm]): the stable row-major order of validated COO indices.
+def sorted_keys(indices: np.ndarray, sparse_shape,
+                values: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(perm, keys[perm], values[perm] or None): the stable row-major order of validated COO
+    indices.
 
-    Packs key and position into one word when they fit (the fast, parallel
-    path); otherwise sorts (key, position) pairs.
+    Packs key and position into one word when they fit (the fast, parallel path); values of
+    one 8-byte word per entry then travel with the words through the sort, and come back
+    sorted (otherwise None: gather them with ``perm``). Keys that don't fit sort as
+    (key, position) pairs.
     """
     indices = frozen(np.ascontiguousarray(indices, dtype=np.int64))
     sparse_shape = np.asarray(sparse_shape, dtype=np.int64)
@@ -174,12 +178,17 @@ def sorted_keys(indices: np.ndarray, sparse_shape) -> tuple[np.ndarray, np.ndarr
     key_bits = int(max(int(np.prod(sparse_shape, dtype=object)) - 1, 0)).bit_length()
     pos_bits = max(int(n - 1).bit_length(), 1)
     if n < _parallel.PARALLEL_MIN or key_bits + pos_bits > 63:
-        return radix_argsort_kernel(linearize_kernel(indices, sparse_shape))
+        perm, keys = radix_argsort_kernel(linearize_kernel(indices, sparse_shape))
+        return perm, keys, None
+    words = None
+    if values is not None and values.dtype.itemsize * (values.size // max(n, 1)) == 8:
+        words = np.ascontiguousarray(values).reshape(n, -1).view(np.uint64).reshape(n)
     with _parallel.PARALLEL_LOCK:
         packed = pack_keys_kernel(indices, sparse_shape, pos_bits, _parallel.N_CHUNKS)
-        packed = sort_packed(packed, pos_bits, pos_bits + key_bits, _parallel.N_CHUNKS)
+        packed, moved = sort_packed(packed, pos_bits, pos_bits + key_bits, _parallel.N_CHUNKS, words)
         keys, perm = unpack_kernel(packed, pos_bits, _parallel.N_CHUNKS)
-    return perm, keys
+    sorted_values = None if moved is None else moved.view(values.dtype).reshape(values.shape)
+    return perm, keys, sorted_values
 
 
 # ---------------------------------------------------------------- parallel packed sort
@@ -204,9 +213,14 @@ def pack_keys_kernel(indices, shape, pos_bits, n_chunks):
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def _radix_pass(src, dst, shift, width, n_chunks):
-    """One stable counting-sort pass on bits [shift, shift + width); False if the digit is constant."""
+def _radix_pass(src, dst, payload_src, payload_dst, shift, width, n_chunks):
+    """One stable counting-sort pass on bits [shift, shift + width); False if the digit is constant.
+
+    A non-empty payload (one 8-byte word per entry: the values) moves with its word, so the
+    caller needs no random gather afterwards.
+    """
     n = src.size
+    carry = payload_src.size == n
     radix = 1 << width
     mask = radix - 1
     chunk = (n + n_chunks - 1) // n_chunks
@@ -228,8 +242,11 @@ def _radix_pass(src, dst, shift, width, n_chunks):
     for c in prange(n_chunks):
         for i in range(c * chunk, min(n, (c + 1) * chunk)):
             d = (src[i] >> shift) & mask
-            dst[hist[c, d]] = src[i]
-            hist[c, d] += 1
+            pos = hist[c, d]
+            dst[pos] = src[i]
+            if carry:
+                payload_dst[pos] = payload_src[i]
+            hist[c, d] = pos + 1
     return True
 
 
@@ -241,18 +258,24 @@ def _is_sorted(a):
     return True
 
 
-def sort_packed(packed: np.ndarray, low_bit: int, high_bit: int, n_chunks: int) -> np.ndarray:
-    """Sort int64 words by bits [low_bit, high_bit), stably; may reuse ``packed``."""
+def sort_packed(packed: np.ndarray, low_bit: int, high_bit: int, n_chunks: int,
+                payload: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Sort int64 words by bits [low_bit, high_bit), stably, moving ``payload`` (uint64 words,
+    one per entry) along; returns (words, payload). May reuse the input arrays."""
     if packed.size < 2 or _is_sorted(packed):
-        return packed
+        return packed, payload
     bits = high_bit - low_bit
     passes = max(1, -(-bits // MAX_RADIX_BITS))
     width = -(-bits // passes)
     src, dst = packed, np.empty_like(packed)
+    no_payload = np.empty(0, np.uint64)
+    psrc = payload.copy() if payload is not None else no_payload
+    pdst = np.empty_like(psrc)
     for p in range(passes):
-        if _radix_pass(src, dst, low_bit + p * width, width, n_chunks):
+        if _radix_pass(src, dst, psrc, pdst, low_bit + p * width, width, n_chunks):
             src, dst = dst, src
-    return src
+            psrc, pdst = pdst, psrc
+    return src, (psrc if payload is not None else None)
 
 
 @njit(nogil=True, cache=True, parallel=True)

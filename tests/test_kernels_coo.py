@@ -224,3 +224,16 @@ def test_parallel_kernels_called_from_many_threads_at_once():
     for (ci, cv), (ei, ev) in zip(results, expected):
         assert_equal(ci, ei)
         np.testing.assert_allclose(cv, ev)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64", "int32", "bool"])
+def test_large_inputs_take_the_parallel_paths_and_agree(dtype):
+    """Past PARALLEL_MIN entries: packed parallel sort; 8-byte values travel through it."""
+    from sparseserve.kernels._parallel import PARALLEL_MIN
+
+    rng = np.random.default_rng(11)
+    shape = (700, 900)
+    idx, vals = make(rng, dtype, shape, 2, 3 * PARALLEL_MIN)
+    check_reorder_and_coalesce(idx, vals, shape)
+    ci, cv = kernels.coalesce(idx, vals, shape)
+    assert_equal(kernels.to_dense(ci, cv, shape, vals.dtype.type(0), True), ref_dense(idx, vals, shape))
