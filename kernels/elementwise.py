@@ -17,7 +17,9 @@ shape checks); nothing here raises.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
 
 from ._sort import gather_rows, linearize
 from .coo import coalesce
@@ -36,6 +38,42 @@ def broadcast_keys_kernel(indices, shape):
             k = k * d + (0 if d == 1 else indices[i, j])
         keys[i] = k
     return keys
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def multiply_gather_kernel(indices, values, dense_flat, shape, n_chunks):
+    """``values[i] * dense[broadcast index of entry i]`` in one parallel pass (no hybrid dims,
+    one dtype throughout): the fast path of ``mul``."""
+    n, s = indices.shape
+    out = np.empty(n, values.dtype)
+    chunk = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            k = 0
+            for j in range(s):
+                d = shape[j]
+                k = k * d + (0 if d == 1 else indices[i, j])
+            out[i] = values[i] * dense_flat[k]
+    return out
+
+
+# dtypes the fused path compiles for: numba arithmetic, same wrap-around as numpy.
+FUSED_MUL_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                    "float32", "float64", "complex64", "complex128")
+
+
+def multiply_stored(indices: np.ndarray, values: np.ndarray, dense: np.ndarray, ndim: int):
+    """The fused ``mul`` for large, non-hybrid, single-dtype inputs; None when it does not apply."""
+    n, s = indices.shape
+    if (n < PARALLEL_MIN or values.ndim != 1 or s != ndim or values.dtype != dense.dtype
+            or values.dtype.name not in FUSED_MUL_DTYPES):
+        return None
+    shape = np.asarray(padded_shape(dense.shape, ndim), dtype=np.int64)
+    from ._sort import frozen
+
+    with PARALLEL_LOCK:
+        return multiply_gather_kernel(frozen(np.ascontiguousarray(indices)), frozen(values),
+                                      frozen(np.ascontiguousarray(dense).reshape(-1)), shape, N_CHUNKS)
 
 
 def padded_shape(dense_shape_like, ndim: int) -> tuple[int, ...]:
@@ -138,9 +176,12 @@ def add_dense(indices, values, dense_shape, dense: np.ndarray, dtype: np.dtype) 
 
 
 def warm_up() -> None:
-    """Compile (or load from the disk cache) this module's one numba signature."""
+    """Compile (or load from the disk cache) this module's signatures."""
     from ._sort import frozen
 
     indices = frozen(np.array([[1, 0], [0, 1]], dtype=np.int64))
     broadcast_keys_kernel(indices, np.array([2, 1], dtype=np.int64))
     gather_operand(indices, frozen(np.arange(4.0).reshape(2, 2)), 2)
+    big = frozen(np.zeros((PARALLEL_MIN, 2), np.int64))
+    for name in FUSED_MUL_DTYPES:
+        multiply_stored(big, frozen(np.ones(PARALLEL_MIN, name)), frozen(np.ones((2, 2), name)), 2)

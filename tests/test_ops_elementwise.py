@@ -448,3 +448,25 @@ def test_handle_input(client):
         assert client.add(h, np.zeros((2, 2))).tolist() == [[0, 0], [2.5, 0]]
     finally:
         client.delete(h)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int16", "uint64", "complex64"])
+@pytest.mark.parametrize("dense_shape", [(300, 400), (1, 400), (300, 1), (400,)])
+def test_large_mul_takes_the_fused_path_and_agrees(dtype, dense_shape):
+    """Past PARALLEL_MIN entries with one dtype and no hybrid dims, mul runs one fused parallel
+    kernel; it must equal values * the dense broadcast to the sparse shape."""
+    from sparseserve.kernels import elementwise as ek
+    from sparseserve.kernels._parallel import PARALLEL_MIN
+
+    rng = np.random.default_rng(3)
+    n = 2 * PARALLEL_MIN
+    idx = np.stack([rng.integers(0, 300, n), rng.integers(0, 400, n)], axis=1)
+    vals = rng.integers(1, 5, n).astype(dtype)
+    dense = rng.integers(-3, 4, dense_shape).astype(dtype)
+    assert ek.multiply_stored(idx, vals, dense, 2) is not None
+    out = run_op("mul", sp_input=SparseTensor(indices=idx, values=vals, dense_shape=[300, 400]),
+                 dense=dense)
+    expected = vals * np.broadcast_to(dense, (300, 400))[idx[:, 0], idx[:, 1]]
+    assert out.values.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(out.values, expected)
+    np.testing.assert_array_equal(out.indices, idx)

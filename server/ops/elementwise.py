@@ -111,6 +111,10 @@ dense dimensions too. Result dtype: numpy's result_type of the two dtypes."""
     outputs=[Output("output", "sparse", "sp_input's indices with the products.")],
 )
 def mul(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
+    _check_broadcast(sp_input, dense)
+    fused = ek.multiply_stored(sp_input.indices, sp_input.values, dense, sp_input.ndim)
+    if fused is not None:
+        return _same_structure(sp_input, fused)
     dtype, operand = _cwise(sp_input, dense)
     return _same_structure(sp_input, ek.multiply(sp_input.values, operand, dtype))
 
