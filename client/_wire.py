@@ -28,6 +28,12 @@ def execute_request(op: str, args: dict[str, Any], keep: bool) -> pb.ExecuteRequ
     return pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()})
 
 
+def outputs_to_pb(outputs: list[tuple[str, Any]]) -> pb.ExecuteResponse:
+    """The server side of ``outputs_from_pb``: named outputs in declared order."""
+    return pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=tensor_to_pb(value))
+                                       for name, value in outputs])
+
+
 def outputs_from_pb(resp: pb.ExecuteResponse) -> list[tuple[str, Any]]:
     return [(o.name, tensor_from_pb(o.tensor, o.name)) for o in resp.outputs]
 

@@ -121,9 +121,8 @@ _CLASSES = (
 _BY_CODE = {cls.code: cls for cls in _CLASSES}
 _BY_GRPC = {cls.grpc_status: cls for cls in _CLASSES}
 
-# The trailing-metadata keys that carry the reason and request id on gRPC.
+# The trailing-metadata key that carries the reason on gRPC.
 REASON_METADATA_KEY = "sparseserve-reason"
-REQUEST_ID_METADATA_KEY = "x-request-id"
 
 
 def error_for_code(code: str, message: str, reason: str | None = None,

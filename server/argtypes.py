@@ -17,6 +17,7 @@ import numpy as np
 from sparseserve._tensor import HandleRef, SparseTensor
 from sparseserve._validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.kernels._sort import frozen
 
 if TYPE_CHECKING:
     from .registry import Arg
@@ -77,23 +78,17 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
     return value
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    view = a.view()
-    view.flags.writeable = False
-    return view
-
-
 def _frozen(value: Any) -> Any:
     """Read-only views of a tensor's arrays. Kernels never write their inputs, and numba
     compiles read-only and writable arrays as different signatures: one kind from every
     wire (protobuf bytes are read-only, JSON lists are not) keeps the warmed-up ones in use."""
     if isinstance(value, np.ndarray):
-        return _readonly(value)
+        return frozen(value)
     if value.layout == "coo":
-        return SparseTensor(indices=_readonly(value.indices), values=_readonly(value.values),
+        return SparseTensor(indices=frozen(value.indices), values=frozen(value.values),
                             dense_shape=value.dense_shape, coalesced=value.coalesced)
-    return SparseTensor(layout=value.layout, compressed_indices=_readonly(value.compressed_indices),
-                        plain_indices=_readonly(value.plain_indices), values=_readonly(value.values),
+    return SparseTensor(layout=value.layout, compressed_indices=frozen(value.compressed_indices),
+                        plain_indices=frozen(value.plain_indices), values=frozen(value.values),
                         dense_shape=value.dense_shape, blocksize=value.blocksize,
                         coalesced=value.coalesced)
 

@@ -10,7 +10,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sparseserve._codec import ChunkAssembler, iter_chunks, tensor_to_pb, value_from_pb, value_to_pb
+from sparseserve._codec import ChunkAssembler, iter_chunks, value_from_pb, value_to_pb
+from sparseserve._wire import outputs_to_pb
 from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeError
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
@@ -71,7 +72,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             outputs = await self.service.execute(request.op, args, request.keep, tenant)
             limit = self.service.config.max_request_bytes
             self.service.check_result_size([t for _, t in outputs], limit, f"{request.op} result")
-            return await self.service.run(_encode_outputs, outputs)
+            return await self.service.run(outputs_to_pb, outputs)
 
         return await self._guard(context, run())
 
@@ -109,11 +110,6 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             return catalogue_to_pb(self.service.catalogue(), self.service.device)
 
         return await self._guard(context, run())
-
-
-def _encode_outputs(outputs) -> pb.ExecuteResponse:
-    return pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=tensor_to_pb(value))
-                                       for name, value in outputs])
 
 
 def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sparseserve._codec import tensor_from_pb, tensor_to_pb, value_from_pb
 from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
+from sparseserve._wire import outputs_to_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
 from sparseserve.v1 import sparseserve_pb2 as pb
@@ -275,8 +276,7 @@ def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
         if _wants_protobuf(request):
             service.check_result_size([t for _, t in outputs], service.config.max_request_bytes,
                                       f"{op.name} result")
-            body = await service.run(lambda: pb.ExecuteResponse(outputs=[
-                pb.NamedTensor(name=n, tensor=tensor_to_pb(t)) for n, t in outputs]).SerializeToString())
+            body = await service.run(lambda: outputs_to_pb(outputs).SerializeToString())
             return Response(body, media_type=PROTOBUF)
         encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}})
         return JSONResponse(encoded)
