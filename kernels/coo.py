@@ -11,41 +11,44 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
 from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen, gather_rows,
-                    linearize, segment_starts_kernel, segment_starts_parallel, sorted_keys)
+                    linearize, packed_order, segment_starts_kernel, sorted_keys, split_packed,
+                    unique_runs)
 
 
-# The segment kernels split the runs into chunks that the threads take in turn. Sum and
+# The segment kernels sum runs of sorted values, the runs split into chunks that the
+# threads take in turn. Sum and
 # or are two kernels, not one with a flag: numba types both branches for every dtype,
 # and ``|`` does not exist for floats.
 
 @njit(nogil=True, cache=True, parallel=True)
-def segment_sum_kernel(values, perm, starts, out, n_chunks):
-    n, runs = perm.size, starts.size
+def segment_sum_kernel(values, starts, out, n_chunks):
+    n, runs = values.shape[0], starts.size
     chunk = (runs + n_chunks - 1) // n_chunks
     for c in prange(n_chunks):
         for r in range(c * chunk, min(runs, (c + 1) * chunk)):
             end = starts[r + 1] if r + 1 < runs else n
             for j in range(values.shape[1]):
-                acc = values[perm[starts[r]], j]
+                acc = values[starts[r], j]
                 for i in range(starts[r] + 1, end):
-                    acc += values[perm[i], j]
+                    acc += values[i, j]
                 out[r, j] = acc
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def segment_or_kernel(values, perm, starts, out, n_chunks):
-    n, runs = perm.size, starts.size
+def segment_or_kernel(values, starts, out, n_chunks):
+    n, runs = values.shape[0], starts.size
     chunk = (runs + n_chunks - 1) // n_chunks
     for c in prange(n_chunks):
         for r in range(c * chunk, min(runs, (c + 1) * chunk)):
             end = starts[r + 1] if r + 1 < runs else n
             for j in range(values.shape[1]):
-                acc = values[perm[starts[r]], j]
+                acc = values[starts[r], j]
                 for i in range(starts[r] + 1, end):
-                    acc |= values[perm[i], j]
+                    acc |= values[i, j]
                 out[r, j] = acc
 
 
@@ -83,6 +86,100 @@ def nonzero_rows_kernel(words, mask, n_chunks):
     return out
 
 
+# Large buffers are allocated by numpy in the wrappers, not inside kernels: numpy asks the
+# kernel for huge pages (madvise), numba's allocator does not, and first-touch faults on
+# 4 KiB pages cost a from_dense of 128 MB about a third of its time.
+
+@njit(nogil=True, cache=True, parallel=True)
+def compact_rows_scan_kernel(words, mask, row_len, local_cols, local_words, row_counts, counts):
+    """First half of from_dense's one-read compaction, over a C-order array seen as rows of
+    ``row_len`` words (the last dimension); chunks are runs of rows.
+
+    Nonzero words and their columns go to chunk-local buffers, with a count per row and per
+    chunk. ``counts`` has n_chunks + 1 slots and comes back as chunk offsets.
+    """
+    n_chunks = counts.size - 1
+    n_rows = row_counts.size
+    chunk = (n_rows + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        m = start = c * chunk * row_len
+        for r in range(c * chunk, min(n_rows, (c + 1) * chunk)):
+            before = m
+            offset = r * row_len
+            row = words[offset:offset + row_len]
+            for j0 in range(0, row_len, 64):
+                # A bitmap of the block's nonzero words, then one step per set bit: the work
+                # follows the nonzeros, not the words. The fixed-length select loop is the
+                # form the compiler vectorises (a count or shift of the comparison is not).
+                block = row[j0:j0 + 64]
+                bits = np.uint64(0)
+                if block.size == 64:
+                    for j in range(64):
+                        bits |= (np.uint64(1) << np.uint64(j)) if block[j] & mask else np.uint64(0)
+                else:
+                    for j in range(block.size):
+                        bits |= (np.uint64(1) << np.uint64(j)) if block[j] & mask else np.uint64(0)
+                while bits:
+                    j = trailing_zeros(bits)
+                    local_cols[m] = j0 + j
+                    local_words[m] = block[j]
+                    m += 1
+                    bits &= bits - np.uint64(1)
+            row_counts[r] = m - before
+        counts[c + 1] = m - start
+    counts[0] = 0
+    for c in range(n_chunks):
+        counts[c + 1] += counts[c]
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def compact_rows_copy_kernel(shape, local_cols, local_words, row_counts, counts, coords, out_words):
+    """Second half: each chunk's run to its place, leading coordinates advanced row by row
+    (no division per entry)."""
+    n_chunks = counts.size - 1
+    s = shape.size
+    row_len = shape[s - 1]
+    n_rows = row_counts.size
+    chunk = (n_rows + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        first = c * chunk
+        src = first * row_len
+        dst = counts[c]
+        lead = np.empty(s - 1, np.int64)
+        k = first
+        for j in range(s - 2, -1, -1):  # the chunk's first row, once
+            lead[j] = k % shape[j]
+            k //= shape[j]
+        for r in range(first, min(n_rows, first + chunk)):
+            for _ in range(row_counts[r]):
+                for j in range(s - 1):
+                    coords[dst, j] = lead[j]
+                coords[dst, s - 1] = local_cols[src]
+                out_words[dst] = local_words[src]
+                dst += 1
+                src += 1
+            j = s - 2
+            lead[j] += 1
+            while lead[j] == shape[j] and j > 0:
+                lead[j] = 0
+                j -= 1
+                lead[j] += 1
+
+
+def _compact_rows(words: np.ndarray, mask, shape: np.ndarray):
+    n = words.size
+    local_cols, local_words = np.empty(n, np.int64), np.empty(n, words.dtype)
+    row_counts = np.empty(n // shape[-1], np.int64)
+    counts = np.zeros(N_CHUNKS + 1, np.int64)
+    with PARALLEL_LOCK:
+        compact_rows_scan_kernel(words, mask, shape[-1], local_cols, local_words, row_counts, counts)
+        coords = np.empty((counts[-1], shape.size), np.int64)
+        out_words = np.empty(counts[-1], words.dtype)
+        compact_rows_copy_kernel(shape, frozen(local_cols), frozen(local_words), frozen(row_counts),
+                                 frozen(counts), coords, out_words)
+    return coords, out_words
+
+
 @njit(nogil=True, cache=True, parallel=True)
 def fill_merge_kernel(out, fill, keys, rows, n_chunks):
     """One streaming pass: out[k] = rows[i] where keys[i] == k, else fill. Keys sorted and unique."""
@@ -110,11 +207,15 @@ def fill_merge_1d_kernel(out, fill, keys, values, n_chunks):
     for c in prange(n_chunks):
         lo = c * chunk
         hi = min(n, lo + chunk)
-        out[lo:hi] = fill
         p = np.searchsorted(keys, lo)
-        while p < keys.size and keys[p] < hi:
-            out[keys[p]] = values[p]
-            p += 1
+        # Fill and scatter a cache-sized block at a time: the scatter then finds its lines
+        # still in cache instead of reading the whole chunk back from memory.
+        for b in range(lo, hi, 4096):
+            end = min(hi, b + 4096)
+            out[b:end] = fill
+            while p < keys.size and keys[p] < end:
+                out[keys[p]] = values[p]
+                p += 1
 
 
 def _words(a2d: np.ndarray) -> np.ndarray:
@@ -136,60 +237,63 @@ def _values2d(values: np.ndarray, nnz: int) -> np.ndarray:
     return np.ascontiguousarray(values).reshape(nnz, inner)
 
 
-def _sorted(indices: np.ndarray, dense_shape, values: np.ndarray | None = None):
-    return sorted_keys(indices, dense_shape[:indices.shape[1]], values)
-
-
 def reorder(indices, values, dense_shape):
     """Row-major order, duplicates kept, stable (tf.sparse.reorder)."""
-    perm, keys, moved = _sorted(indices, dense_shape, values)
-    # Keys and index rows are in one-to-one correspondence, so the sorted indices
-    # come from the sorted keys sequentially instead of by a random gather.
     sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
-    out_values = gather_rows(values, perm) if moved is None else moved
-    if keys.size < PARALLEL_MIN:
-        return delinearize_kernel(keys, sparse_shape), out_values
+    packed = packed_order(indices, sparse_shape, values)
+    if packed is None:  # small, or keys too wide to pack with their positions
+        perm, keys, _ = sorted_keys(indices, sparse_shape)
+        return delinearize_kernel(keys, sparse_shape), gather_rows(values, perm)
+    # Keys and index rows correspond one to one, so the sorted indices come from the
+    # sorted words sequentially instead of by a random gather of index rows.
+    words, pos_bits, moved = packed
     with PARALLEL_LOCK:
-        out_indices = delinearize_parallel(keys, sparse_shape, N_CHUNKS)
-    return out_indices, out_values
+        out_indices = split_packed(words, pos_bits, sparse_shape)
+    return out_indices, moved if moved is not None else gather_rows(values, words & ((1 << pos_bits) - 1))
 
 
-def _segment_sum(values2d: np.ndarray, perm: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    dtype = values2d.dtype
-    if dtype == np.bool_ and perm.size < PARALLEL_MIN:
-        return np.logical_or.reduceat(values2d[perm], starts, axis=0) if starts.size else values2d[:0]
+def _segment_sum(sorted_values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums of the runs of ``sorted_values`` (2-D) starting at ``starts``."""
+    dtype = sorted_values.dtype
+    if sorted_values.shape[0] < PARALLEL_MIN:  # small: numpy's reduceat, no parallel region
+        if not starts.size:
+            return sorted_values[:0]
+        if dtype == np.bool_:
+            return np.logical_or.reduceat(sorted_values, starts, axis=0)
+        work = sorted_values.astype(np.float32) if dtype == np.float16 else sorted_values
+        return np.add.reduceat(work, starts, axis=0).astype(dtype, copy=False)
+    values = frozen(sorted_values)
     if dtype == np.bool_:
-        out = np.empty((starts.size, values2d.shape[1]), np.uint8)
+        out = np.empty((starts.size, values.shape[1]), np.uint8)
         with PARALLEL_LOCK:
-            segment_or_kernel(frozen(values2d.view(np.uint8)), perm, starts, out, N_CHUNKS)
+            segment_or_kernel(values.view(np.uint8), starts, out, N_CHUNKS)
         return out.view(np.bool_)
-    work = values2d.astype(np.float32) if dtype == np.float16 else values2d
-    if perm.size < PARALLEL_MIN:  # small: numpy's reduceat, no parallel region
-        summed = np.add.reduceat(work[perm], starts, axis=0) if starts.size else work[:0]
-        return summed.astype(dtype, copy=False)
-    out = np.empty((starts.size, values2d.shape[1]), work.dtype)
-    if starts.size:
-        with PARALLEL_LOCK:
-            segment_sum_kernel(frozen(work), perm, starts, out, N_CHUNKS)
+    work = frozen(values.astype(np.float32)) if dtype == np.float16 else values
+    out = np.empty((starts.size, values.shape[1]), work.dtype)
+    with PARALLEL_LOCK:
+        segment_sum_kernel(work, starts, out, N_CHUNKS)
     return out.astype(dtype, copy=False)
 
 
 def coalesce(indices, values, dense_shape):
     """Sorted row-major, duplicates summed (torch's coalesce)."""
     nnz = indices.shape[0]
-    # Values are not carried through the sort here: moving them in every pass cost more
-    # than the one random read per entry the segment sum does (measured, 10M entries).
-    perm, keys, _ = _sorted(indices, dense_shape)
     sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
-    # Unique indices from the sorted keys: sequential reads, unlike gathering rows of ``indices``.
-    if nnz < PARALLEL_MIN:
+    values2d = _values2d(values, nnz)
+    packed = packed_order(indices, sparse_shape, values2d)
+    if packed is None:  # small, or keys too wide to pack with their positions
+        perm, keys, _ = sorted_keys(indices, sparse_shape)
         starts = segment_starts_kernel(keys)
         out_indices = delinearize_kernel(keys[starts], sparse_shape)
+        sorted_values = gather_rows(values2d, perm)
     else:
-        with PARALLEL_LOCK:
-            starts = segment_starts_parallel(keys, N_CHUNKS)
-            out_indices = delinearize_parallel(keys[starts], sparse_shape, N_CHUNKS)
-    summed = _segment_sum(_values2d(values, nnz), perm, starts)
+        # Runs and their coordinates straight from the sorted words; values of 8 bytes
+        # came through the sort with them, others are gathered by position once.
+        words, pos_bits, sorted_values = packed
+        starts, out_indices = unique_runs(words, pos_bits, sparse_shape)
+        if sorted_values is None:
+            sorted_values = gather_rows(values2d, words & ((1 << pos_bits) - 1))
+    summed = _segment_sum(sorted_values, starts)
     return out_indices, summed.reshape((starts.size, *values.shape[1:]))
 
 
@@ -239,9 +343,12 @@ def from_dense(array, sparse_dim: int):
         rows_nz = np.flatnonzero(np.any(words & mask, axis=1)) if n else np.zeros(0, np.int64)
         indices = delinearize_kernel(rows_nz.astype(np.int64), np.asarray(lead, dtype=np.int64))
         return indices, gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
+    if words.shape[1] == 1 and sparse_dim >= 2 and lead[-1] > 0:  # no dense dims: one read of the input
+        indices, value_words = _compact_rows(words.reshape(-1), mask, np.asarray(lead, np.int64))
+        return indices, value_words.view(rows.dtype).reshape((value_words.size, *array.shape[sparse_dim:]))
     with PARALLEL_LOCK:
         rows_nz = nonzero_rows_kernel(words, mask, N_CHUNKS)
-        indices = delinearize_parallel(rows_nz, np.asarray(lead, dtype=np.int64), N_CHUNKS)
+        indices = delinearize_parallel(rows_nz, lead)
     values = gather_rows(rows, rows_nz).reshape((rows_nz.size, *array.shape[sparse_dim:]))
     return indices, values
 

@@ -237,3 +237,22 @@ def test_large_inputs_take_the_parallel_paths_and_agree(dtype):
     check_reorder_and_coalesce(idx, vals, shape)
     ci, cv = kernels.coalesce(idx, vals, shape)
     assert_equal(kernels.to_dense(ci, cv, shape, vals.dtype.type(0), True), ref_dense(idx, vals, shape))
+
+
+@pytest.mark.parametrize("shape", [(700, 900), (3, 131, 257), (70000, 1), (2, 40000)])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int8", "complex128", "bool"])
+def test_large_from_dense_compacts_in_order(shape, dtype):
+    """The one-read compaction (rows split into 64-word bitmaps) against numpy's nonzero:
+    row lengths off the block size, -0.0 dropped, NaN kept, empty and full rows."""
+    rng = np.random.default_rng(5)
+    dense = np.where(rng.random(shape) < 0.1, rng.integers(1, 5, shape), 0).astype(dtype)
+    if dense.dtype.kind in "fc":
+        dense.reshape(-1)[::97] = -0.0
+        dense.reshape(-1)[5::101] = np.nan
+    dense[0] = 1  # a full first row, then an empty one
+    dense[1] = 0
+    indices, values = kernels.from_dense(dense, len(shape))
+    expect = np.argwhere(dense != 0) if dense.dtype.kind not in "fc" else \
+        np.argwhere((dense != 0) | np.isnan(dense))
+    assert_equal(indices, expect)
+    assert_equal(values, dense[tuple(expect.T)])
