@@ -509,3 +509,27 @@ def delinearize_parallel(keys: np.ndarray, sparse_shape) -> np.ndarray:
     out = np.empty((keys.size, shape.size), np.int64)
     delinearize_parallel_kernel(frozen(keys), shape, key_divisors(shape), out, _parallel.N_CHUNKS)
     return out
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def segment_starts_parallel(sorted_keys, n_chunks):
+    """Start offsets of the runs of equal keys: per-chunk counts, then a parallel fill."""
+    n = sorted_keys.size
+    chunk = (n + n_chunks - 1) // n_chunks
+    counts = np.zeros(n_chunks + 1, np.int64)
+    for c in prange(n_chunks):
+        m = 0
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            if i == 0 or sorted_keys[i] != sorted_keys[i - 1]:
+                m += 1
+        counts[c + 1] = m
+    for c in range(n_chunks):
+        counts[c + 1] += counts[c]
+    starts = np.empty(counts[n_chunks], np.int64)
+    for c in prange(n_chunks):
+        r = counts[c]
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            if i == 0 or sorted_keys[i] != sorted_keys[i - 1]:
+                starts[r] = i
+                r += 1
+    return starts

@@ -22,7 +22,7 @@ from sparseserve.kernels._sort import frozen
 if TYPE_CHECKING:
     from .registry import Arg
 
-__all__ = ["ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST",
+__all__ = ["ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST", "AXES",
            "BOOL", "FLOAT", "SCALAR", "STRING", "INDEX"]
 
 
@@ -166,6 +166,13 @@ def _coerce_scalar(value: Any, name: str) -> Any:
     return value
 
 
+def _coerce_axes(value: Any, name: str) -> list[int]:
+    """An int or a list of ints (a numpy vector too); one int means a one-axis list."""
+    if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1):
+        return _coerce_int_list(list(value) if isinstance(value, tuple) else value, name)
+    return [_coerce_int(value, name)]
+
+
 _TENSOR_SCHEMA = {"$ref": "#/components/schemas/Tensor"}
 _INT_OR_NULL = {"type": ["integer", "null"]}
 
@@ -178,6 +185,9 @@ TENSORS = ArgType("tensors", {"type": "array", "items": _TENSOR_SCHEMA}, lambda 
 INT = ArgType("int", {"type": "integer"}, _coerce_int)
 OPTIONAL_INT = ArgType("int?", _INT_OR_NULL, _coerce_int)
 INT_LIST = ArgType("int_list", {"type": "array", "items": {"type": "integer"}}, _coerce_int_list)
+# An int, a list of ints, or null (every axis): TensorFlow's reduction `axis`.
+AXES = ArgType("int_list?", {"oneOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}},
+                                       {"type": "null"}]}, _coerce_axes)
 BOOL = ArgType("bool", {"type": "boolean"}, _coerce_bool)
 FLOAT = ArgType("float", {"type": "number"}, _coerce_float)
 STRING = ArgType("string", {"type": "string"}, _coerce_string)

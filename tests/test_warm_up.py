@@ -14,11 +14,11 @@ def test_ops_after_warm_up_compile_nothing_new():
         import numpy as np
         from numba.core.registry import CPUDispatcher
         from sparseserve import kernels, SparseTensor
-        from sparseserve.kernels import _sort, coo, elementwise, structure
+        from sparseserve.kernels import _sort, coo, elementwise, reduce, structure
         from sparseserve.server.ops import REGISTRY
 
         def signatures():
-            return {(m.__name__, n): len(d.signatures) for m in (_sort, coo, elementwise, structure)
+            return {(m.__name__, n): len(d.signatures) for m in (_sort, coo, elementwise, reduce, structure)
                     for n, d in vars(m).items() if isinstance(d, CPUDispatcher)}
 
         kernels.warm_up()
@@ -56,6 +56,31 @@ def test_ops_after_warm_up_compile_nothing_new():
             run("from_dense", tensor=run("to_dense", sp_input=c)[0])
         run("to_indicator", sp_input=SparseTensor(indices=[[0, 0]], values=[1], dense_shape=[2, 2]), vocab_size=3)
         run("sparse_to_dense", sparse_indices=np.array([[0, 1]]), output_shape=[2, 2], sparse_values=np.array([1.0]))
+        for dtype in ("float64", "int8", "uint64", "float16", "complex128"):
+            st = SparseTensor(indices=[[2, 1], [0, 3], [2, 1]], values=np.ones(3, dtype), dense_shape=[4, 5])
+            hy = SparseTensor(indices=[[2], [0], [2]], values=np.ones((3, 2), dtype), dense_shape=[4, 2])
+            for t in (st, hy):
+                for op in ("reduce_sum", "reduce_max")[:1 if dtype == "complex128" else 2]:
+                    for axis in (None, 0, [1], []):
+                        run(op, sp_input=t, axis=axis)
+                        run(op, sp_input=t, axis=axis, keepdims=True, output_is_sparse=True)
+                if dtype.startswith("float"):
+                    run("softmax", sp_input=t, axis=0)
+                    run("log_softmax", sp_input=t)
+            if dtype != "complex128":
+                run("maximum", sp_a=st, sp_b=st)
+                run("minimum", sp_a=hy, sp_b=hy)
+        for dtype in ("float64", "int8", "float32"):
+            big = SparseTensor(indices=rng.integers(0, 600, (2 * PARALLEL_MIN, 2)),
+                               values=np.ones(2 * PARALLEL_MIN, dtype), dense_shape=[600, 600])
+            for op in ("reduce_sum", "reduce_max"):
+                run(op, sp_input=big, axis=0)
+                run(op, sp_input=big, axis=[])
+                run(op, sp_input=big, axis=1, output_is_sparse=True)
+            if dtype != "int8":
+                run("softmax", sp_input=big, axis=0)
+                run("log_softmax", sp_input=big, axis=1)
+            run("maximum", sp_a=big, sp_b=big)
         grown = {k: (before.get(k, 0), v) for k, v in signatures().items() if v != before.get(k, 0)}
         print("GROWN", grown)
     """)
