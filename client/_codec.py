@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from ._dtypes import DTYPE_NAMES, check_supported, dtype_from_name
 from ._tensor import HandleRef, SparseTensor
@@ -19,7 +20,7 @@ from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
 
 __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
-           "value_from_pb", "iter_chunks", "ChunkAssembler", "DEFAULT_CHUNK_BYTES"]
+           "value_from_pb", "iter_chunks", "parse_chunk", "ChunkAssembler", "DEFAULT_CHUNK_BYTES"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 _LAYOUT_TO_PB = {"coo": pb.COO, "csr": pb.CSR, "csc": pb.CSC, "bsr": pb.BSR, "bsc": pb.BSC}
@@ -170,14 +171,59 @@ def value_from_pb(msg: pb.Value, name: str) -> Any:
 
 
 # ------------------------------------------------------------------ chunked streams
-def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
-    """The ``TensorChunk`` stream of a tensor: a header, then the array bytes back to back."""
-    yield pb.TensorChunk(header=tensor_to_pb(t, with_data=False))
+# TensorChunk.data is field 2, length-delimited: its tag byte is (2 << 3) | 2.
+_DATA_TAG = 0x12
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int] | None:
+    """(value, position after it), or None when the bytes end inside it or it runs past 10 bytes."""
+    value = shift = 0
+    for i in range(pos, min(len(view), pos + 10)):
+        value |= (view[i] & 0x7F) << shift
+        if not view[i] & 0x80:
+            return value, i + 1
+        shift += 7
+    return None
+
+
+def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+    """The ``TensorChunk`` stream of a tensor, serialized: a header, then the array bytes back
+    to back.
+
+    Data chunks are framed by hand — the field's tag and length in front of a slice of the
+    array — so each costs one copy; building and serializing protobuf messages cost three.
+    """
+    yield pb.TensorChunk(header=tensor_to_pb(t, with_data=False)).SerializeToString()
     arrays = t.arrays() if isinstance(t, SparseTensor) else (t,)
     for a in arrays:
         flat = memoryview(_wire_array(a)).cast("B") if a.size else memoryview(b"")
         for start in range(0, len(flat), chunk_bytes):
-            yield pb.TensorChunk(data=bytes(flat[start:start + chunk_bytes]))
+            piece = flat[start:start + chunk_bytes]
+            yield b"".join((bytes((_DATA_TAG,)) + _varint(len(piece)), piece))
+
+
+def parse_chunk(frame: bytes | memoryview) -> pb.TensorChunk | memoryview:
+    """A serialized ``TensorChunk``: a data-only message as a view of its bytes (no copy),
+    any other message parsed by protobuf."""
+    view = memoryview(frame)
+    if len(view) and view[0] == _DATA_TAG:
+        length = _read_varint(view, 1)
+        if length is not None and length[1] + length[0] == len(view):
+            return view[length[1]:]
+    try:
+        return pb.TensorChunk.FromString(view)
+    except DecodeError:
+        raise InvalidArgumentError("a TensorChunk of the stream is not a valid message",
+                                   reason="BAD_STREAM") from None
 
 
 class ChunkAssembler:
@@ -202,7 +248,13 @@ class ChunkAssembler:
     def total_bytes(self) -> int:
         return sum(int(b.size) for b in self._buffers)
 
-    def add(self, chunk: pb.TensorChunk) -> None:
+    def add(self, chunk: pb.TensorChunk | bytes | memoryview) -> None:
+        """One chunk of the stream: a message, or its serialized bytes (``parse_chunk``)."""
+        if not isinstance(chunk, pb.TensorChunk):
+            chunk = parse_chunk(chunk)
+            if isinstance(chunk, memoryview):
+                self._append(chunk)
+                return
         kind = chunk.WhichOneof("kind")
         if kind == "header":
             self._start(chunk.header)
@@ -274,7 +326,7 @@ class ChunkAssembler:
         return _sparse_from_arrays(self._header.sparse, arrays, self.name)
 
 
-def assemble(chunks: Iterable[pb.TensorChunk], name: str = "tensor",
+def assemble(chunks: Iterable[pb.TensorChunk | bytes], name: str = "tensor",
              max_bytes: int | None = None) -> SparseTensor | np.ndarray:
     assembler = ChunkAssembler(name, max_bytes)
     for chunk in chunks:

@@ -76,12 +76,12 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
 
         return await self._guard(context, run())
 
-    async def Upload(self, request_iterator: AsyncIterator[pb.TensorChunk], context) -> pb.Handle:
+    async def Upload(self, request_iterator: AsyncIterator[bytes], context) -> pb.Handle:
         async def run():
             tenant = _tenant(self.service, context)
             assembler = ChunkAssembler("tensor", max_bytes=self.service.store.budget_bytes)
-            async for chunk in request_iterator:
-                assembler.add(chunk)
+            async for frame in request_iterator:
+                assembler.add(frame)
             tensor = assembler.finish()
             handle, nbytes = await self.service.run(self.service.put, tensor, tenant)
             return pb.Handle(handle=handle, nbytes=nbytes)
@@ -94,8 +94,8 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         except SparseServeError as err:
             await _abort(context, err)
             return
-        for chunk in iter_chunks(tensor):
-            await context.write(chunk)
+        for frame in iter_chunks(tensor):
+            await context.write(frame)
 
     async def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
         async def run():
@@ -112,6 +112,33 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         return await self._guard(context, run())
 
 
+# Upload's chunks arrive and Download's leave as serialized bytes: ``_codec`` frames and
+# parses them itself (one copy per chunk, where protobuf messages cost several), and a
+# malformed chunk becomes INVALID_ARGUMENT in the handler rather than a failure inside
+# grpc's deserializer.
+_RAW_REQUESTS, _RAW_RESPONSES = {"Upload"}, {"Download"}
+
+
+def _add_servicer(servicer: SparseServicer, server: grpc.aio.Server) -> None:
+    """What the generated ``add_SparseServiceServicer_to_server`` does, derived from the service
+    descriptor, with the chunk streams left as bytes."""
+    service = pb.DESCRIPTOR.services_by_name["SparseService"]
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler,
+             (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for method in service.methods:
+        make = kinds[method.client_streaming, method.server_streaming]
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=None if method.name in _RAW_REQUESTS else request.FromString,
+            response_serializer=None if method.name in _RAW_RESPONSES else response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
 def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """The grpc.aio server bound to --host/--grpc-port; returns (server, port, health)."""
     limit = service.config.max_request_bytes
@@ -123,7 +150,7 @@ def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.a
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    pb_grpc.add_SparseServiceServicer_to_server(SparseServicer(service), server)
+    _add_servicer(SparseServicer(service), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (pb.DESCRIPTOR.services_by_name["SparseService"].full_name,

@@ -1,0 +1,152 @@
+"""Service benchmark: tensors over the wires, small-call latency and throughput, startup.
+
+A real server process on loopback, driven by the SDK; a raw TCP socket moving the
+same bytes to another process is the yardstick for transfers.
+``python -m bench.service --mb 256`` for a quicker run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from sparseserve import Client, SparseTensor
+
+from ._server import BenchServer
+
+# The receiving side of the raw-socket yardstick: a separate process, as the server is.
+_SINK = """
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+total = int(sys.argv[1]); buf = bytearray(1 << 22); view = memoryview(buf); got = 0
+while got < total:
+    got += c.recv_into(view, min(len(buf), total - got))
+c.sendall(b"k")
+"""
+
+
+def raw_tcp_gbs(payload: memoryview) -> float:
+    sink = subprocess.Popen([sys.executable, "-c", _SINK, str(len(payload))], stdout=subprocess.PIPE, text=True)
+    port = int(sink.stdout.readline())
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        start = time.perf_counter()
+        conn.sendall(payload)
+        conn.recv(1)
+        seconds = time.perf_counter() - start
+    sink.wait(30)
+    return len(payload) / seconds / 1e9
+
+
+def coo_of_bytes(nbytes: int) -> SparseTensor:
+    nnz = nbytes // 24  # two int64 indices and one float64 value per entry
+    rng = np.random.default_rng(7)
+    indices = np.empty((nnz, 2), np.int64)
+    indices[:, 0] = np.arange(nnz) // 1000
+    indices[:, 1] = rng.integers(0, 1_000_000, nnz)
+    return SparseTensor(indices=indices, values=rng.standard_normal(nnz),
+                        dense_shape=[nnz // 1000 + 1, 1_000_000])
+
+
+def transfer_gbs(client: Client, tensor: SparseTensor) -> tuple[float, float]:
+    start = time.perf_counter()
+    handle = client.put(tensor)
+    up = time.perf_counter() - start
+    start = time.perf_counter()
+    back = client.get(handle)
+    down = time.perf_counter() - start
+    client.delete(handle)
+    assert np.array_equal(back.values, tensor.values), "the tensor came back changed"
+    return tensor.nbytes / up / 1e9, tensor.nbytes / down / 1e9
+
+
+def small_call_p50_ms(client: Client, tensor: SparseTensor, calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        client.reorder(tensor)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[calls // 10:]) * 1e3  # the first tenth warms the connection
+
+
+def calls_per_second(target: str, tensor: SparseTensor, clients: int, calls_each: int) -> float:
+    sdk = [Client(target) for _ in range(clients)]
+    for c in sdk:
+        c.reorder(tensor)
+    barrier = threading.Barrier(clients + 1)
+
+    def worker(c: Client) -> None:
+        barrier.wait()
+        for _ in range(calls_each):
+            c.reorder(tensor)
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c in sdk]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    for c in sdk:
+        c.close()
+    return clients * calls_each / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.service")
+    parser.add_argument("--mb", type=int, default=1000, help="size of the transferred COO tensor")
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=16)
+    args = parser.parse_args()
+
+    tensor = coo_of_bytes(args.mb * 1_000_000)
+    rng = np.random.default_rng(0)
+    small = SparseTensor(indices=rng.integers(0, 100, (100, 2)), values=rng.standard_normal(100),
+                         dense_shape=[100, 100])
+    with tempfile.TemporaryDirectory() as cache:  # an empty numba cache: the cold start
+        cold = BenchServer(env_overrides={"NUMBA_CACHE_DIR": cache})
+        cold.stop()
+    # REST moves a tensor in one body: let the request limit and the store hold it.
+    room = str(4 * tensor.nbytes)
+    with BenchServer("--max-request-bytes", room, "--store-bytes", room) as server:
+        tcp = raw_tcp_gbs(memoryview(np.concatenate([tensor.indices.reshape(-1).view(np.uint8),
+                                                     tensor.values.view(np.uint8)])))
+        with Client(server.grpc_target) as c:
+            grpc_up, grpc_down = transfer_gbs(c, tensor)
+            grpc_p50 = small_call_p50_ms(c, small, args.calls)
+        with Client(server.http_url, encoding="protobuf") as c:
+            rest_up, rest_down = transfer_gbs(c, tensor)
+        with Client(server.http_url, encoding="json") as c:
+            json_p50 = small_call_p50_ms(c, small, args.calls)
+        rate = calls_per_second(server.grpc_target, small, args.clients, max(1, 4000 // args.clients))
+        warm = server.startup_s
+
+    print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, loopback; "
+          f"a {tensor.nbytes / 1e6:,.0f} MB COO tensor\n")
+    print("| measure | value |")
+    print("|---|---|")
+    print(f"| raw TCP socket, same bytes | {tcp:.2f} GB/s |")
+    print(f"| put over gRPC | {grpc_up:.2f} GB/s ({grpc_up / tcp:.0%} of TCP) |")
+    print(f"| get over gRPC | {grpc_down:.2f} GB/s ({grpc_down / tcp:.0%} of TCP) |")
+    print(f"| put over REST (protobuf body) | {rest_up:.2f} GB/s |")
+    print(f"| get over REST (protobuf body) | {rest_down:.2f} GB/s |")
+    print(f"| reorder of 100 nonzeros, p50, gRPC | {grpc_p50:.2f} ms |")
+    print(f"| reorder of 100 nonzeros, p50, REST + JSON | {json_p50:.2f} ms |")
+    print(f"| reorder calls/s, {args.clients} gRPC clients | {rate:,.0f} |")
+    print(f"| serve to ready, numba cache warm | {warm:.1f} s |")
+    print(f"| serve to ready, numba cache cold | {cold.startup_s:.1f} s |")
+
+
+if __name__ == "__main__":
+    main()
