@@ -88,6 +88,14 @@ def build_parser(prog: str = "sparseserve serve") -> argparse.ArgumentParser:
     return parser
 
 
+# gRPC message limits are C ints, and the send limit adds a MiB of room to the request one.
+MAX_REQUEST_BYTES_LIMIT = (1 << 31) - 1 - MiB
+
+
 def config_from_args(argv: list[str] | None = None) -> ServerConfig:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if not 0 < ns.max_request_bytes <= MAX_REQUEST_BYTES_LIMIT:
+        parser.error(f"--max-request-bytes must be between 1 and {MAX_REQUEST_BYTES_LIMIT} (gRPC's "
+                     f"message limit); larger tensors go up with put, which streams them")
     return ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)})

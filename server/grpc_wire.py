@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sparseserve._codec import ChunkAssembler, iter_chunks, value_from_pb, value_to_pb
+from sparseserve._client import GRPC_WINDOW_OPTIONS
 from sparseserve._wire import outputs_to_pb
 from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeError
 from sparseserve.v1 import sparseserve_pb2 as pb
@@ -148,6 +149,7 @@ def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.a
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit + (1 << 20)),
         ("grpc.so_reuseport", 0),
+        *GRPC_WINDOW_OPTIONS,
     ]
     server = grpc.aio.server(options=options)
     _add_servicer(SparseServicer(service), server)
