@@ -97,3 +97,13 @@ def test_sigterm_stops_both_wires_and_exits_zero():
         assert c.from_dense(h).nnz == 0
     assert srv.stop(signal.SIGTERM) == 0
     assert any(e.get("event") == "stopped" for e in srv.events)
+
+
+def test_a_request_limit_past_grpcs_message_limit_is_refused_at_start(capsys):
+    from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT, config_from_args
+
+    assert config_from_args(["--max-request-bytes", str(MAX_REQUEST_BYTES_LIMIT)]).max_request_bytes \
+        == MAX_REQUEST_BYTES_LIMIT
+    with pytest.raises(SystemExit):
+        config_from_args(["--max-request-bytes", str(4 << 30)])
+    assert "--max-request-bytes must be between 1 and" in capsys.readouterr().err
