@@ -220,7 +220,7 @@ class Client(_Base):
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc) from None
             return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
-        body = self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding)).json()
+        body = self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding, streamed=True)).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
     def get(self, handle: HandleRef | str) -> Any:
@@ -232,8 +232,15 @@ class Client(_Base):
                 return assemble(stream, "tensor")
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc) from None
-        response = self._http_call("GET", f"/v1/tensors/{_handle_of(handle)}")
-        return _wire.decode_rest_tensor(response.content, response.headers.get("content-type", ""))
+        try:
+            with self._http.stream("GET", f"/v1/tensors/{_handle_of(handle)}") as response:
+                if response.status_code >= 400:
+                    raise _wire.http_error(response.status_code, response.read())
+                length = response.headers.get("content-length")
+                body = _wire.collect_body(response.iter_bytes(), int(length) if length else None)
+        except httpx.HTTPError as exc:
+            raise _wire.transport_error(exc) from None
+        return _wire.decode_rest_tensor(body, response.headers.get("content-type", ""))
 
     def delete(self, handle: HandleRef | str) -> None:
         """Free a kept tensor."""

@@ -20,7 +20,8 @@ from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
 
 __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
-           "value_from_pb", "iter_chunks", "parse_chunk", "ChunkAssembler", "DEFAULT_CHUNK_BYTES"]
+           "value_from_pb", "tensor_pieces", "tensor_to_bytes", "tensor_from_bytes", "iter_chunks", "parse_chunk",
+           "ChunkAssembler", "DEFAULT_CHUNK_BYTES"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 _LAYOUT_TO_PB = {"coo": pb.COO, "csr": pb.CSR, "csc": pb.CSC, "bsr": pb.BSR, "bsc": pb.BSC}
@@ -131,6 +132,172 @@ def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | Han
         return _sparse_from_arrays(sp, arrays, name)
     raise InvalidArgumentError(f"{name} is an empty Tensor message: set sparse, dense or handle",
                                reason="MISSING_TENSOR")
+
+
+# ------------------------------------------------------------------ whole tensors as bytes
+# A REST body holds one ``Tensor`` message; at hundreds of megabytes, protobuf's own
+# encoding and decoding copy every array three times. These produce and read the same bytes
+# with the arrays spliced in and sliced out instead. Field numbers are sparseserve.proto's.
+_TENSOR_SPARSE, _TENSOR_DENSE = 1, 2
+_SPARSE_ARRAY_FIELDS = {3: "indices", 4: "values", 5: "compressed_indices", 6: "plain_indices"}
+_ARRAY_DATA, _ARRAY_PADDING = 3, 15
+# Array bytes start at a multiple of this from the message start, so a reader holding the
+# message in an aligned buffer uses them in place. Two padding fields around the data, of
+# 15 zero bytes together, keep every length independent of where the data lands.
+_ALIGN = 16
+_PADDING_TAG = _ARRAY_PADDING << 3 | 2
+
+
+def _len_prefix(number: int, length: int) -> bytes:
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+def _array_parts(a: np.ndarray) -> tuple[bytes, memoryview | None]:
+    """An Array message's fields but the data (serialized), and its data (None when empty)."""
+    a = _wire_array(a)
+    return _array_header(a).SerializeToString(), (memoryview(a).cast("B") if a.size else None)
+
+
+def _array_size(header: bytes, data: memoryview | None) -> int:
+    if data is None:
+        return len(header)
+    return len(header) + len(_len_prefix(_ARRAY_DATA, len(data))) + len(data) + 4 + _ALIGN - 1
+
+
+def tensor_pieces(t: Any) -> list:
+    """The serialized ``Tensor`` message of ``t`` as pieces to send back to back: small
+    headers, and the arrays' own memory (no copy), each starting 16-byte aligned."""
+    if isinstance(t, HandleRef):
+        return [tensor_to_pb(t).SerializeToString()]
+    if isinstance(t, SparseTensor):
+        header = pb.SparseTensor(layout=_LAYOUT_TO_PB[t.layout], dense_shape=t.dense_shape,
+                                 coalesced=t.coalesced, blocksize=t.blocksize or ())
+        names = ("indices", "values") if t.layout == "coo" else ("compressed_indices", "plain_indices", "values")
+        numbers = {name: number for number, name in _SPARSE_ARRAY_FIELDS.items()}
+        arrays = [(numbers[n], *_array_parts(getattr(t, n))) for n in names]
+        head = header.SerializeToString()
+        body_size = len(head) + sum(len(_len_prefix(n, _array_size(h, d))) + _array_size(h, d)
+                                    for n, h, d in arrays)
+        pieces: list = [_len_prefix(_TENSOR_SPARSE, body_size), head]
+    else:
+        arrays = [(_TENSOR_DENSE, *_array_parts(np.asarray(t)))]
+        pieces = []
+    position = sum(len(p) for p in pieces)
+    for number, head, data in arrays:
+        pieces += [_len_prefix(number, _array_size(head, data)), head]
+        position += len(pieces[-2]) + len(head)
+        if data is None:
+            continue
+        data_prefix = _len_prefix(_ARRAY_DATA, len(data))
+        before = -(position + 2 + len(data_prefix)) % _ALIGN
+        pieces += [bytes((_PADDING_TAG, before)) + bytes(before), data_prefix, data,
+                   bytes((_PADDING_TAG, _ALIGN - 1 - before)) + bytes(_ALIGN - 1 - before)]
+        position += 4 + _ALIGN - 1 + len(data_prefix) + len(data)
+    return pieces
+
+
+def tensor_to_bytes(t: Any) -> bytes:
+    """``tensor_to_pb(t).SerializeToString()`` in one copy of the arrays instead of three."""
+    return b"".join(tensor_pieces(t))
+
+
+def _split_fields(view: memoryview, numbers: set[int]) -> tuple[bytes, dict[int, memoryview]] | None:
+    """One pass over a message: (the bytes of every field not in ``numbers``, a view of each
+    length-delimited field in ``numbers``). None for what the fast path leaves to protobuf: a
+    field of ``numbers`` twice (protobuf merges those) or of another wire type, groups,
+    truncated bytes."""
+    rest: list[memoryview] = []
+    found: dict[int, memoryview] = {}
+    pos, end = 0, len(view)
+    while pos < end:
+        tag = _read_varint(view, pos)
+        if tag is None:
+            return None
+        key, body = tag
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            after = _read_varint(view, body)
+            if after is None:
+                return None
+            stop = after[1]
+        elif wire == 1:
+            stop = body + 8
+        elif wire == 5:
+            stop = body + 4
+        elif wire == 2:
+            length = _read_varint(view, body)
+            if length is None:
+                return None
+            body, stop = length[1], length[1] + length[0]
+        else:
+            return None
+        if stop > end:
+            return None
+        if number in numbers:
+            if wire != 2 or number in found:
+                return None
+            found[number] = view[body:stop]
+        else:
+            rest.append(view[pos:stop])
+        pos = stop
+    return b"".join(rest), found
+
+
+def _array_from_view(view: memoryview, name: str) -> np.ndarray | None:
+    split = _split_fields(view, {_ARRAY_DATA})
+    if split is None:
+        return None
+    rest, found = split
+    msg = pb.Array.FromString(rest)
+    dtype, shape, nbytes = _array_spec(msg, name)
+    data = found.get(_ARRAY_DATA, memoryview(b""))
+    if len(data) != nbytes:
+        raise InvalidArgumentError(
+            f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
+            f"imply {nbytes}", reason="BUFFER_LENGTH")
+    arr = _view(data, dtype, shape)
+    # Kernels want aligned arrays; a body gives its arrays whatever offsets it has.
+    return arr if arr.ctypes.data % dtype.alignment == 0 else arr.copy()
+
+
+def tensor_from_bytes(body: bytes | bytearray | memoryview, name: str) -> SparseTensor | np.ndarray | HandleRef:
+    """``tensor_from_pb(pb.Tensor.FromString(body))`` with the arrays as views of ``body``;
+    anything the fast path does not take apart goes through protobuf whole."""
+    view = memoryview(body).cast("B")
+    try:
+        decoded = _tensor_from_view(view, name)
+    except DecodeError:
+        decoded = None
+    if decoded is not None:
+        return decoded
+    try:
+        msg = pb.Tensor.FromString(view)
+    except Exception:  # DecodeError, or others on some inputs
+        raise InvalidArgumentError("the body is not a sparseserve.v1.Tensor message",
+                                   reason="BAD_BODY") from None
+    return tensor_from_pb(msg, name)
+
+
+def _tensor_from_view(view: memoryview, name: str):
+    top = _split_fields(view, {_TENSOR_SPARSE, _TENSOR_DENSE})
+    if top is None or len(top[1]) != 1 or top[0]:
+        return None  # a handle, an empty message, both kinds, or unknown fields: protobuf decides
+    (number, inner), = top[1].items()
+    if number == _TENSOR_DENSE:
+        return _array_from_view(inner, name)
+    split = _split_fields(inner, set(_SPARSE_ARRAY_FIELDS))
+    if split is None:
+        return None
+    rest, found = split
+    header = pb.SparseTensor.FromString(rest)
+    arrays = {}
+    for field in _sparse_fields(header):
+        number = next(n for n, f in _SPARSE_ARRAY_FIELDS.items() if f == field)
+        arr = _array_from_view(found.get(number, memoryview(b"")), f"{name}.{field}")
+        if arr is None:
+            return None
+        arrays[field] = arr
+    return _sparse_from_arrays(header, arrays, name)
 
 
 # ------------------------------------------------------------------ argument values

@@ -5,12 +5,12 @@ only in how they do IO."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import grpc
+import numpy as np
 
-from ._codec import tensor_from_pb, value_from_pb, value_to_pb
-from ._codec import tensor_to_pb
+from ._codec import tensor_from_bytes, tensor_from_pb, tensor_pieces, tensor_to_pb, value_from_pb, value_to_pb
 from ._json import tensor_from_json, tensor_to_json, value_to_json
 from .errors import (REASON_METADATA_KEY, DeadlineExceededError, SparseServeError,
                      UnavailableError, error_for_code, error_for_grpc_status)
@@ -90,13 +90,40 @@ def rest_outputs(content: bytes, encoding: str) -> list[tuple[str, Any]]:
     return outputs_from_json(json.loads(content))
 
 
-def rest_put(tensor: Any, encoding: str) -> dict[str, Any]:
-    """The httpx request arguments of ``POST /v1/tensors``."""
+def rest_put(tensor: Any, encoding: str, *, streamed: bool = False) -> dict[str, Any]:
+    """The httpx request arguments of ``POST /v1/tensors``. ``streamed``: a protobuf body goes
+    as its pieces (the arrays' own memory, no joined copy) with its Content-Length."""
+    headers = {"accept": "application/json"}
     if encoding == "protobuf":
-        content, ctype = tensor_to_pb(tensor).SerializeToString(), PROTOBUF
+        pieces = tensor_pieces(tensor)
+        headers |= {"content-type": PROTOBUF, "content-length": str(sum(len(p) for p in pieces))}
+        content = iter_slices(pieces) if streamed else b"".join(pieces)
     else:
-        content, ctype = json.dumps(tensor_to_json(tensor)).encode(), "application/json"
-    return {"content": content, "headers": {"content-type": ctype, "accept": "application/json"}}
+        content = json.dumps(tensor_to_json(tensor)).encode()
+        headers["content-type"] = "application/json"
+    return {"content": content, "headers": headers}
+
+
+def iter_slices(pieces: list, size: int = 4 << 20) -> Iterator:
+    """Pieces cut to at most ``size`` bytes, so that sockets get bounded writes."""
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        for start in range(0, len(view), size):
+            yield view[start:start + size]
+
+
+def collect_body(chunks: Iterable[bytes], length: int | None) -> bytes | memoryview:
+    """A response body from its chunks: into one buffer of the announced length (16-byte
+    aligned, so protobuf arrays are used in place; huge pages for a big one), else joined."""
+    if length is None:
+        return b"".join(chunks)
+    body = np.empty(length, np.uint8)
+    filled = 0
+    for chunk in chunks:
+        n = min(len(chunk), length - filled)
+        body[filled:filled + n] = np.frombuffer(chunk, np.uint8, n)
+        filled += n
+    return memoryview(body)[:filled]
 
 
 def http_headers(token: str | None, encoding: str) -> dict[str, str]:
@@ -125,11 +152,9 @@ def transport_error(exc: Exception) -> SparseServeError:
     return UnavailableError(f"cannot reach the server: {exc}", reason="CONNECTION")
 
 
-def decode_rest_tensor(content: bytes, content_type: str) -> Any:
+def decode_rest_tensor(content: bytes | memoryview, content_type: str) -> Any:
     if content_type.startswith(PROTOBUF):
-        msg = pb.Tensor()
-        msg.ParseFromString(content)
-        return tensor_from_pb(msg, "tensor")
-    return tensor_from_json(json.loads(content), "tensor")
+        return tensor_from_bytes(content, "tensor")
+    return tensor_from_json(json.loads(bytes(content)), "tensor")
 
 

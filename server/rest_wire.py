@@ -12,12 +12,13 @@ import json
 import logging
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from sparseserve._codec import tensor_from_pb, tensor_to_pb, value_from_pb
+from sparseserve._codec import tensor_from_bytes, tensor_pieces, value_from_pb
 from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
-from sparseserve._wire import outputs_to_pb
+from sparseserve._wire import iter_slices, outputs_to_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
 from sparseserve.v1 import sparseserve_pb2 as pb
@@ -51,19 +52,33 @@ def error_response(err: SparseServeError) -> JSONResponse:
     return JSONResponse(err.to_json(), status_code=status)
 
 
-async def _read_body(request: Request, service: Service) -> bytes:
+async def _read_body(request: Request, service: Service) -> bytes | memoryview:
     limit = service.config.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ResourceExhaustedError(f"the request body has {declared} bytes, over the limit of {limit} "
                                      "bytes (--max-request-bytes)", reason="REQUEST_TOO_LARGE")
-    body = bytearray()
+    too_large = ResourceExhaustedError(f"the request body is over the limit of {limit} bytes "
+                                       "(--max-request-bytes)", reason="REQUEST_TOO_LARGE")
+    if declared is not None and declared.isdigit():
+        # The size is known: one buffer, each part copied once to its place (numpy's
+        # allocation also gets huge pages for a big body).
+        body = np.empty(int(declared), np.uint8)
+        filled = 0
+        async for part in request.stream():
+            if filled + len(part) > body.size:
+                raise InvalidArgumentError("the request body is longer than its Content-Length",
+                                           reason="BAD_BODY")
+            body[filled:filled + len(part)] = np.frombuffer(part, np.uint8)
+            filled += len(part)
+        return memoryview(body)[:filled]
+    parts, size = [], 0
     async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise ResourceExhaustedError(f"the request body is over the limit of {limit} bytes "
-                                         "(--max-request-bytes)", reason="REQUEST_TOO_LARGE")
-    return bytes(body)
+        parts.append(part)
+        size += len(part)
+        if size > limit:
+            raise too_large
+    return b"".join(parts)
 
 
 def _json_depth(obj: Any, limit: int) -> None:
@@ -80,9 +95,9 @@ def _json_depth(obj: Any, limit: int) -> None:
             stack.extend((v, depth + 1) for v in item)
 
 
-def _parse_json(body: bytes) -> Any:
+def _parse_json(body: bytes | memoryview) -> Any:
     try:
-        obj = json.loads(body)
+        obj = json.loads(body.tobytes() if isinstance(body, memoryview) else body)
     except (ValueError, RecursionError) as exc:
         raise InvalidArgumentError(f"the body is not valid JSON: {exc}", reason="BAD_JSON") from None
     _json_depth(obj, _MAX_JSON_DEPTH)
@@ -160,8 +175,10 @@ def create_app(service: Service) -> FastAPI:
         """Fetch a stored tensor (JSON, or protobuf `Tensor` with `Accept: application/x-protobuf`)."""
         tensor = service.get(handle, service.tenant_for(request.headers.get("authorization")))
         if _wants_protobuf(request):
-            body = await service.run(lambda: tensor_to_pb(tensor).SerializeToString())
-            return Response(body, media_type=PROTOBUF)
+            # The message streams as its pieces, the arrays straight from the store's memory.
+            pieces = await service.run(tensor_pieces, tensor)
+            return StreamingResponse(iter_slices(pieces), media_type=PROTOBUF,
+                                     headers={"content-length": str(sum(len(p) for p in pieces))})
         return JSONResponse(await service.run(tensor_to_json, tensor))
 
     @app.delete("/v1/tensors/{handle}", tags=["tensors"])
@@ -237,7 +254,7 @@ def _parse_message(cls, body: bytes):
 
 
 def _decode_pb_tensor(body: bytes):
-    return tensor_from_pb(_parse_message(pb.Tensor, body), "tensor")
+    return tensor_from_bytes(body, "tensor")
 
 
 def _decode_op_body(body: bytes, protobuf: bool) -> tuple[dict[str, Any], bool]:

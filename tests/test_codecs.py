@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from sparseserve import SparseTensor
-from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_chunks, tensor_from_pb,
-                                tensor_to_pb, value_from_pb, value_to_pb)
+from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_chunks, parse_chunk,
+                                tensor_from_bytes, tensor_from_pb, tensor_to_bytes, tensor_to_pb, value_from_pb,
+                                value_to_pb)
 from sparseserve._dtypes import DTYPE_NAMES
 from sparseserve._json import tensor_from_json, tensor_to_json
 from sparseserve._tensor import HandleRef
@@ -210,3 +211,72 @@ class TestChunkAssembler:
         with pytest.raises(InvalidArgumentError) as info:
             assemble(chunks)
         assert info.value.reason == "BAD_STREAM"
+
+
+class TestTensorBytes:
+    """The hand-spliced Tensor encoding and the in-place decoding of REST bodies."""
+
+    SAMPLES = [coo_sample("float64"), coo_sample("complex128", (2,)), coo_sample("bool"),
+               csr_sample("float32", "int64"), np.arange(12.0).reshape(3, 4), np.array(5, np.int8),
+               SparseTensor(indices=np.zeros((0, 2), np.int64), values=np.zeros(0), dense_shape=[3, 4]),
+               SparseTensor(layout="bsr", compressed_indices=[0, 1], plain_indices=[0],
+                            values=np.ones((1, 2, 2)), dense_shape=[2, 2], blocksize=[2, 2]),
+               HandleRef("h-1")]
+
+    @pytest.mark.parametrize("t", SAMPLES, ids=lambda t: type(t).__name__)
+    def test_same_message_as_protobuf_and_arrays_used_in_place(self, t):
+        body = tensor_to_bytes(t)
+        msg = pb.Tensor.FromString(body)
+        for array in _arrays_of(msg):
+            array.ClearField("padding")
+        assert msg == tensor_to_pb(t)
+        back = tensor_from_bytes(body, "t")
+        assert_same(t, back) if not isinstance(t, HandleRef) else back == t
+        for a in _decoded_arrays(back):
+            assert a.ctypes.data % 16 == 0 and a.base is not None, "copied or unaligned"
+
+    def test_protobuf_written_bytes_decode_too(self):
+        t = coo_sample("int16", (3,))
+        assert_same(t, tensor_from_bytes(tensor_to_pb(t).SerializeToString(), "t"))
+
+    def test_odd_messages_get_protobufs_meaning(self):
+        t = coo_sample("float32")
+        unknown_field = tensor_to_bytes(t) + b"\x48\x01"  # field 9 = 1: ignored by protobuf
+        assert_same(t, tensor_from_bytes(unknown_field, "t"))
+        # A repeated message field merges: shapes concatenate, and then the data is too short.
+        twice = tensor_to_pb(t).SerializeToString() * 2
+        with pytest.raises(InvalidArgumentError) as info:
+            tensor_from_bytes(twice, "t")
+        assert info.value.reason == "BUFFER_LENGTH"
+
+    @pytest.mark.parametrize("body", [b"\x0a\xff\xff", b"\x0a\x05\x1a\x03\x0a", b"\xff"])
+    def test_malformed_bodies_are_invalid_argument(self, body):
+        with pytest.raises(InvalidArgumentError) as info:
+            tensor_from_bytes(body, "t")
+        assert info.value.reason == "BAD_BODY"
+
+    def test_chunk_frames_parse_without_protobuf_and_with_it(self):
+        frames = list(iter_chunks(coo_sample("float64"), 16))
+        assert isinstance(parse_chunk(frames[0]), pb.TensorChunk)
+        assert all(isinstance(parse_chunk(f), memoryview) for f in frames[1:])
+        assert bytes(parse_chunk(frames[1])) == pb.TensorChunk.FromString(frames[1]).data
+        with pytest.raises(InvalidArgumentError) as info:
+            parse_chunk(b"\x12\x09abc")
+        assert info.value.reason == "BAD_STREAM"
+
+
+def _arrays_of(msg: pb.Tensor) -> list:
+    if msg.HasField("dense"):
+        return [msg.dense]
+    if msg.HasField("sparse"):
+        return [getattr(msg.sparse, f) for f in ("indices", "values", "compressed_indices", "plain_indices")
+                if msg.sparse.HasField(f)]
+    return []
+
+
+def _decoded_arrays(t) -> list:
+    if isinstance(t, np.ndarray):
+        return [t] if t.size else []
+    if isinstance(t, SparseTensor):
+        return [a for a in (t.indices, t.values, t.compressed_indices, t.plain_indices) if a is not None and a.size]
+    return []
