@@ -17,7 +17,7 @@ from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeEr
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
-from .service import Service
+from .service import Service, arguments_nbytes
 
 __all__ = ["create_grpc_server", "catalogue_to_pb"]
 
@@ -73,7 +73,8 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             outputs = await self.service.execute(request.op, args, request.keep, tenant)
             limit = self.service.config.max_request_bytes
             self.service.check_result_size([t for _, t in outputs], limit, f"{request.op} result")
-            return await self.service.run(outputs_to_pb, outputs)
+            return await self.service.run(outputs_to_pb, outputs,
+                                          nbytes=arguments_nbytes(t for _, t in outputs))
 
         return await self._guard(context, run())
 

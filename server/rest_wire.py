@@ -24,7 +24,7 @@ from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExh
 from sparseserve.v1 import sparseserve_pb2 as pb
 
 from .registry import OpDef
-from .service import Service
+from .service import Service, arguments_nbytes
 
 __all__ = ["create_app", "PROTOBUF"]
 
@@ -287,15 +287,17 @@ def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
         tenant = service.tenant_for(request.headers.get("authorization"))
         body = await _read_body(request, service)
         protobuf = _is_protobuf_body(request)
-        args, keep_in_body = await service.run(_decode_op_body, body, protobuf)
+        args, keep_in_body = await service.run(_decode_op_body, body, protobuf, nbytes=len(body))
         keep = keep or keep_in_body
         outputs = await service.execute(op.name, args, keep, tenant)
+        out_bytes = arguments_nbytes(t for _, t in outputs)
         if _wants_protobuf(request):
             service.check_result_size([t for _, t in outputs], service.config.max_request_bytes,
                                       f"{op.name} result")
-            body = await service.run(lambda: outputs_to_pb(outputs).SerializeToString())
+            body = await service.run(lambda: outputs_to_pb(outputs).SerializeToString(), nbytes=out_bytes)
             return Response(body, media_type=PROTOBUF)
-        encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}})
+        encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}},
+                                    nbytes=out_bytes)
         return JSONResponse(encoded)
 
     run_op.__name__ = f"op_{op.name}"

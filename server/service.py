@@ -25,9 +25,23 @@ from .config import ServerConfig
 from .registry import Registry
 from .store import HandleStore, tensor_nbytes
 
-__all__ = ["Service", "resolve_device"]
+__all__ = ["Service", "resolve_device", "arguments_nbytes", "INLINE_BYTES"]
 
 log = logging.getLogger("sparseserve.server")
+
+# Work on less than this many bytes runs on the event loop (see ``Service.run``).
+INLINE_BYTES = 64 << 10
+
+
+def arguments_nbytes(values) -> int:
+    """Bytes of the tensors among argument values (lists of tensors included)."""
+    total = 0
+    for v in values:
+        if isinstance(v, list):
+            total += arguments_nbytes(v)
+        elif isinstance(v, (SparseTensor, np.ndarray)):
+            total += tensor_nbytes(v)
+    return total
 
 
 def resolve_device(requested: str) -> str:
@@ -61,13 +75,18 @@ class Service:
                                        reason="BAD_TOKEN" if authorization else "MISSING_TOKEN")
         return tenant
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn`` in the kernel pool, bounded by --max-concurrency, off the event loop."""
+    async def run(self, fn: Callable[..., Any], *args: Any, nbytes: int | None = None) -> Any:
+        """Run ``fn`` bounded by --max-concurrency: in the kernel pool, off the event loop, unless
+        it works on ``nbytes`` below ``INLINE_BYTES`` — then on the loop, since handing it to a
+        worker thread and back costs more than the work (a 100-entry reorder over gRPC: p50
+        2.0 ms through the pool, 0.85 ms inline)."""
         if self._in_flight >= self.config.max_concurrency:
             raise UnavailableError(f"the server is running {self._in_flight} requests, its limit "
                                    "(--max-concurrency); retry later", reason="OVERLOADED")
         self._in_flight += 1
         try:
+            if nbytes is not None and nbytes < INLINE_BYTES:
+                return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         finally:
             self._in_flight -= 1
@@ -86,9 +105,19 @@ class Service:
     async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
         op = self.registry.get(op_name)
         resolved = {name: self._resolve(value, tenant) for name, value in args.items()}
-        return await self.run(self._execute_sync, op, resolved, keep, tenant)
+        size = arguments_nbytes(resolved.values())
+        if size >= INLINE_BYTES:
+            return await self.run(self._execute_sync, op, resolved, keep, tenant)
+        # Small inputs: validate on the loop; the kernel too unless the op says its result is big.
+        bound = await self.run(self._bind, op, resolved, nbytes=size)
+        result = op.result_bytes(**bound) if op.result_bytes is not None else size
+        return await self.run(self._compute, op, bound, keep, tenant, nbytes=result)
 
     def _execute_sync(self, op, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
+        return self._compute(op, self._bind(op, args), keep, tenant)
+
+    def _bind(self, op, args: dict[str, Any]) -> dict[str, Any]:
+        """Validated arguments, and the declared result size checked against the limit."""
         bound = op.bind(args)
         if op.result_bytes is not None:
             need = op.result_bytes(**bound)
@@ -97,6 +126,9 @@ class Service:
                     f"{op.name} would produce {need} bytes, over the result limit of "
                     f"{self.config.max_result_bytes} bytes (--max-result-bytes)",
                     reason="RESULT_TOO_LARGE")
+        return bound
+
+    def _compute(self, op, bound: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
         try:
             results = op.run(self.device, bound)
         except SparseServeError:
