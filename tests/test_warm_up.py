@@ -14,11 +14,11 @@ def test_ops_after_warm_up_compile_nothing_new():
         import numpy as np
         from numba.core.registry import CPUDispatcher
         from sparseserve import kernels, SparseTensor
-        from sparseserve.kernels import _sort, coo, elementwise, reduce, structure
+        from sparseserve.kernels import _sort, coo, elementwise, reduce, shape, structure
         from sparseserve.server.ops import REGISTRY
 
         def signatures():
-            return {(m.__name__, n): len(d.signatures) for m in (_sort, coo, elementwise, reduce, structure)
+            return {(m.__name__, n): len(d.signatures) for m in (_sort, coo, elementwise, reduce, shape, structure)
                     for n, d in vars(m).items() if isinstance(d, CPUDispatcher)}
 
         kernels.warm_up()
@@ -81,6 +81,36 @@ def test_ops_after_warm_up_compile_nothing_new():
                 run("softmax", sp_input=big, axis=0)
                 run("log_softmax", sp_input=big, axis=1)
             run("maximum", sp_a=big, sp_b=big)
+        for dtype in ("float64", "int8", "bool", "float16", "complex128"):
+            st = SparseTensor(indices=[[2, 1], [0, 3], [2, 1]], values=np.ones(3, dtype), dense_shape=[4, 5])
+            hy = SparseTensor(indices=[[2], [0], [2]], values=np.ones((3, 2, 3), dtype), dense_shape=[4, 2, 3])
+            run("transpose", sp_input=st)
+            run("transpose", sp_input=hy, perm=[0, 2, 1])
+            run("reshape", sp_input=st, shape=[2, -1, 5])
+            run("reshape", sp_input=hy, shape=[2, 2, 2, 3])
+            run("slice", sp_input=st, start=[1, 1], size=[3, 9])
+            run("slice", sp_input=hy, start=[1, 0, 1], size=[3, 2, 1])
+        compressed = [
+            SparseTensor(layout="csr", compressed_indices=[0, 1, 3], plain_indices=[1, 0, 2], values=np.ones(3),
+                         dense_shape=[2, 4]),
+            SparseTensor(layout="csc", compressed_indices=[0, 1, 2, 3, 3], plain_indices=[1, 0, 1],
+                         values=np.ones(3), dense_shape=[2, 4]),
+            SparseTensor(layout="bsr", compressed_indices=[0, 1, 2], plain_indices=[0, 1], values=np.ones((2, 1, 2)),
+                         dense_shape=[2, 4], blocksize=[1, 2]),
+            SparseTensor(layout="bsc", compressed_indices=[0, 1, 2, 2, 2], plain_indices=[0, 0],
+                         values=np.ones((2, 2, 1)), dense_shape=[2, 4], blocksize=[2, 1]),
+            SparseTensor(layout="csr", compressed_indices=[[0, 1, 3], [0, 1, 3]], plain_indices=[[1, 0, 2], [1, 0, 2]],
+                         values=np.ones((2, 3)), dense_shape=[2, 2, 4])]
+        for c in compressed:
+            run("transpose", sp_input=c)
+            run("reshape", sp_input=c, shape=[-1])
+            run("slice", sp_input=c, start=[0] * c.ndim, size=[1] * c.ndim)
+        for dtype in ("float64", "int8", "bool", "float16", "complex128"):
+            big = SparseTensor(indices=rng.integers(0, 600, (2 * PARALLEL_MIN, 3)),
+                               values=np.ones(2 * PARALLEL_MIN, dtype), dense_shape=[600, 600, 600])
+            run("transpose", sp_input=big, perm=[2, 0, 1])
+            run("reshape", sp_input=big, shape=[3600, -1])
+            run("slice", sp_input=big, start=[10, 20, 30], size=[500, 500, 500])
         grown = {k: (before.get(k, 0), v) for k, v in signatures().items() if v != before.get(k, 0)}
         print("GROWN", grown)
     """)
