@@ -210,9 +210,14 @@ class Client(_Base):
         op = self._op_attr(name, self.list_ops() if not name.startswith("_") else {})
         return self._method(op, lambda *a, keep=False, **k: self.call(name, *a, keep=keep, **k))
 
-    def put(self, tensor: Any) -> RemoteTensor:
-        """Keep a tensor on the server (any size: gRPC streams it in chunks)."""
+    def put(self, tensor: Any, *, shared_memory: bool = False) -> RemoteTensor:
+        """Keep a tensor on the server (any size: gRPC streams it in chunks). ``shared_memory``:
+        hand it over through a shared-memory segment (gRPC, server on this host)."""
         tensor = as_tensor(tensor)
+        if shared_memory:
+            from . import _shm
+
+            return _shm.put(self, tensor)
         if self.wire == "grpc":
             try:
                 reply = self._upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
@@ -223,8 +228,12 @@ class Client(_Base):
         body = self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding, streamed=True)).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
-    def get(self, handle: HandleRef | str) -> Any:
-        """Fetch a kept tensor."""
+    def get(self, handle: HandleRef | str, *, shared_memory: bool = False) -> Any:
+        """Fetch a kept tensor (``shared_memory``: through a segment, as ``put``)."""
+        if shared_memory:
+            from . import _shm
+
+            return _shm.get(self, _handle_of(handle))
         if self.wire == "grpc":
             try:
                 stream = self._download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,

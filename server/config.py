@@ -26,6 +26,9 @@ class ServerConfig:
     store_bytes: int = 4 * GiB
     store_ttl: float = 3600.0
     max_concurrency: int = 64
+    batch_window_ms: float = 0.0  # 0: server-side batching off
+    max_batch: int = 64
+    shm_ttl: float = 60.0
     workers: int = 0  # 0: one per CPU core
     log_level: str = "info"
 
@@ -58,6 +61,11 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "store_bytes": (int, "byte budget of the handle store; least recently used out first"),
     "store_ttl": (float, "seconds an unused handle lives"),
     "max_concurrency": (int, "requests run at once; past it, UNAVAILABLE at once"),
+    "batch_window_ms": (float, "merge concurrent small calls to the same batchable op arriving within this "
+                               "many milliseconds into one kernel call (0: off)"),
+    "max_batch": (int, "most calls merged into one batch"),
+    "shm_ttl": (float, "seconds a shared-memory segment written for a client's get waits to be claimed "
+                       "before the server unlinks it"),
     "workers": (int, "kernel worker threads (0: one per CPU core)"),
     "log_level": (str, "debug, info, warning or error"),
 }

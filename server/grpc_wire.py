@@ -99,6 +99,22 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         for frame in iter_chunks(tensor):
             await context.write(frame)
 
+    async def PutShared(self, request: pb.SharedTensor, context) -> pb.Handle:
+        async def run():
+            tenant = _tenant(self.service, context)
+            tensor = await self.service.run(self.service.shared.read, request, self.service.store.budget_bytes)
+            handle, nbytes = await self.service.run(self.service.put, tensor, tenant)
+            return pb.Handle(handle=handle, nbytes=nbytes)
+
+        return await self._guard(context, run())
+
+    async def GetShared(self, request: pb.Handle, context) -> pb.SharedTensor:
+        async def run():
+            tensor = self.service.get(request.handle, _tenant(self.service, context))
+            return await self.service.run(self.service.shared.export, tensor)
+
+        return await self._guard(context, run())
+
     async def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
         async def run():
             self.service.delete(request.handle, _tenant(self.service, context))

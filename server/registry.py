@@ -58,6 +58,8 @@ class OpDef:
     # Optional: bytes of the result computed from the bound arguments, checked
     # against --max-result-bytes before the kernel allocates anything.
     result_bytes: Callable[..., int] | None = None
+    # Concurrent calls may be merged into one kernel call (server/batching.py says how).
+    batchable: bool = False
 
     def bind(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Named raw values -> validated kernel arguments, defaults filled in.
@@ -104,14 +106,14 @@ class Registry:
     ops: dict[str, OpDef] = field(default_factory=dict)
 
     def op(self, name: str, *, doc: str, args: list[Arg], outputs: list[Output],
-           result_bytes: Callable[..., int] | None = None) -> Callable:
+           result_bytes: Callable[..., int] | None = None, batchable: bool = False) -> Callable:
         """Decorator declaring an op whose CPU kernel is the decorated function."""
 
         def register(fn: Callable) -> Callable:
             if name in self.ops:
                 raise ValueError(f"op {name!r} is declared twice")
             self.ops[name] = OpDef(name, doc.strip(), tuple(args), tuple(outputs), {"cpu": fn},
-                                   result_bytes)
+                                   result_bytes, batchable)
             return fn
 
         return register

@@ -62,6 +62,21 @@ class Service:
                                            thread_name_prefix="sparseserve-kernel")
         self.ready = False
         self._in_flight = 0
+        self.batcher = None
+        if config.batch_window_ms > 0:
+            from .batching import Batcher
+
+            self.batcher = Batcher(self, config.batch_window_ms / 1000, config.max_batch)
+        self._shared = None
+
+    @property
+    def shared(self):
+        """The shared-memory segments of same-host transfers (made on first use)."""
+        if self._shared is None:
+            from .shm import SharedSegments
+
+            self._shared = SharedSegments(self.config.shm_ttl)
+        return self._shared
 
     # ------------------------------------------------------------- plumbing
     def tenant_for(self, authorization: str | None) -> str:
@@ -100,11 +115,15 @@ class Service:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._shared is not None:
+            self._shared.close()
 
     # ------------------------------------------------------------------ ops
     async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
         op = self.registry.get(op_name)
         resolved = {name: self._resolve(value, tenant) for name, value in args.items()}
+        if self.batcher is not None and op.batchable:
+            return self._kept(await self.batcher.submit(op, resolved), keep, tenant)
         size = arguments_nbytes(resolved.values())
         if size >= INLINE_BYTES:
             return await self.run(self._execute_sync, op, resolved, keep, tenant)
@@ -138,7 +157,10 @@ class Service:
         except Exception as exc:  # a bug: report it as one, keep serving
             log.exception("op %s failed", op.name)
             raise InternalError(f"{op.name} failed: {type(exc).__name__}: {exc}") from exc
-        outputs = [(out.name, value) for out, value in zip(op.outputs, results)]
+        return self._kept([(out.name, value) for out, value in zip(op.outputs, results)], keep, tenant)
+
+    def _kept(self, outputs: list[tuple[str, Any]], keep: bool, tenant: str) -> list[tuple[str, Any]]:
+        """With ``keep``, the outputs stored and replaced by their handles."""
         if keep:
             outputs = [(name, HandleRef(self.store.put(value, tenant)[0])) for name, value in outputs]
         return outputs

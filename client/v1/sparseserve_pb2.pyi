@@ -104,7 +104,7 @@ class ValueList(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
 
 class Value(_message.Message):
-    __slots__ = ("tensor", "bool_value", "int_value", "float_value", "string_value", "list_value", "null_value")
+    __slots__ = ("tensor", "bool_value", "int_value", "float_value", "string_value", "list_value", "null_value", "ref")
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
     INT_VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class Value(_message.Message):
     STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
     LIST_VALUE_FIELD_NUMBER: _ClassVar[int]
     NULL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
     tensor: Tensor
     bool_value: bool
     int_value: int
@@ -119,7 +120,8 @@ class Value(_message.Message):
     string_value: str
     list_value: ValueList
     null_value: bool
-    def __init__(self, tensor: _Optional[_Union[Tensor, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., string_value: _Optional[str] = ..., list_value: _Optional[_Union[ValueList, _Mapping]] = ..., null_value: _Optional[bool] = ...) -> None: ...
+    ref: str
+    def __init__(self, tensor: _Optional[_Union[Tensor, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., string_value: _Optional[str] = ..., list_value: _Optional[_Union[ValueList, _Mapping]] = ..., null_value: _Optional[bool] = ..., ref: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
     __slots__ = ("op", "args", "keep")
@@ -151,6 +153,41 @@ class ExecuteResponse(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[NamedTensor]
     def __init__(self, outputs: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ...) -> None: ...
+
+class PipelineStep(_message.Message):
+    __slots__ = ("name", "op", "args")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    op: str
+    args: _containers.MessageMap[str, Value]
+    def __init__(self, name: _Optional[str] = ..., op: _Optional[str] = ..., args: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class PipelineRequest(_message.Message):
+    __slots__ = ("steps", "outputs", "keep")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[PipelineStep]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    keep: bool
+    def __init__(self, steps: _Optional[_Iterable[_Union[PipelineStep, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., keep: _Optional[bool] = ...) -> None: ...
+
+class SharedTensor(_message.Message):
+    __slots__ = ("segment", "header")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    header: Tensor
+    def __init__(self, segment: _Optional[str] = ..., header: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("header", "data")

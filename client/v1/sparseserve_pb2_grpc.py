@@ -59,6 +59,21 @@ class SparseServiceStub:
                 request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.ListOpsRequest.SerializeToString,
                 response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.ListOpsResponse.FromString,
                 _registered_method=True)
+        self.ExecutePipeline = channel.unary_unary(
+                '/sparseserve.v1.SparseService/ExecutePipeline',
+                request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.PipelineRequest.SerializeToString,
+                response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteResponse.FromString,
+                _registered_method=True)
+        self.PutShared = channel.unary_unary(
+                '/sparseserve.v1.SparseService/PutShared',
+                request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.SerializeToString,
+                response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.Handle.FromString,
+                _registered_method=True)
+        self.GetShared = channel.unary_unary(
+                '/sparseserve.v1.SparseService/GetShared',
+                request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.Handle.SerializeToString,
+                response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.FromString,
+                _registered_method=True)
 
 
 class SparseServiceServicer:
@@ -98,6 +113,29 @@ class SparseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecutePipeline(self, request, context):
+        """Run a chain of ops; the chosen outputs come back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutShared(self, request, context):
+        """Same-host transfers: the client wrote the segment; the server copies it
+        into the store and unlinks it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetShared(self, request, context):
+        """The server writes a segment for the client, which copies and unlinks it
+        (the server unlinks any left unclaimed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SparseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +163,21 @@ def add_SparseServiceServicer_to_server(servicer, server):
                     servicer.ListOps,
                     request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.ListOpsRequest.FromString,
                     response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.ListOpsResponse.SerializeToString,
+            ),
+            'ExecutePipeline': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExecutePipeline,
+                    request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.PipelineRequest.FromString,
+                    response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'PutShared': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutShared,
+                    request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.FromString,
+                    response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.Handle.SerializeToString,
+            ),
+            'GetShared': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetShared,
+                    request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.Handle.FromString,
+                    response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +315,87 @@ class SparseService:
             '/sparseserve.v1.SparseService/ListOps',
             sparseserve_dot_v1_dot_sparseserve__pb2.ListOpsRequest.SerializeToString,
             sparseserve_dot_v1_dot_sparseserve__pb2.ListOpsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecutePipeline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseserve.v1.SparseService/ExecutePipeline',
+            sparseserve_dot_v1_dot_sparseserve__pb2.PipelineRequest.SerializeToString,
+            sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutShared(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseserve.v1.SparseService/PutShared',
+            sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.SerializeToString,
+            sparseserve_dot_v1_dot_sparseserve__pb2.Handle.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetShared(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseserve.v1.SparseService/GetShared',
+            sparseserve_dot_v1_dot_sparseserve__pb2.Handle.SerializeToString,
+            sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.FromString,
             options,
             channel_credentials,
             insecure,
