@@ -8,7 +8,8 @@
 
 from . import errors
 from ._client import AsyncClient, Client, RemoteTensor
-from ._tensor import HandleRef, SparseTensor
+from ._pipeline import Pipeline, PipelineStep
+from ._tensor import HandleRef, OutputRef, SparseTensor
 from .errors import (DeadlineExceededError, InternalError, InvalidArgumentError, NotFoundError,
                      PermissionDeniedError, ResourceExhaustedError, SparseServeError,
                      UnauthenticatedError, UnavailableError, UnimplementedError)
@@ -16,7 +17,8 @@ from .errors import (DeadlineExceededError, InternalError, InvalidArgumentError,
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "AsyncClient", "SparseTensor", "RemoteTensor", "HandleRef", "errors",
+    "Client", "AsyncClient", "SparseTensor", "RemoteTensor", "HandleRef", "OutputRef", "Pipeline",
+    "PipelineStep", "errors",
     "SparseServeError", "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError",
     "UnauthenticatedError", "PermissionDeniedError", "UnimplementedError", "UnavailableError",
     "DeadlineExceededError", "InternalError",

@@ -17,8 +17,8 @@ import httpx
 from . import _wire
 from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
 from ._convert import as_tensor, is_tensor_like
+from ._pipeline import Pipeline
 from ._tensor import HandleRef
-from .errors import SparseServeError
 from .v1 import sparseserve_pb2 as pb
 from .v1 import sparseserve_pb2_grpc as pb_grpc
 
@@ -206,6 +206,17 @@ class Client(_Base):
             outputs = _wire.rest_outputs(response.content, self.encoding)
         return self._shape_result(outputs)
 
+    def pipeline(self) -> Pipeline:
+        """Queue ops to run on the server in one request (see ``sparseserve._pipeline``)."""
+        return Pipeline(self, self.list_ops())
+
+    def _run_pipeline(self, steps: list, outputs: list[str], keep: bool) -> Any:
+        if self.wire == "grpc":
+            reply = self._grpc(self._stub.ExecutePipeline, _wire.pipeline_request(steps, outputs, keep))
+            return self._shape_result(_wire.outputs_from_pb(reply))
+        response = self._http_call("POST", "/v1/pipelines", **_wire.rest_pipeline(steps, outputs, keep, self.encoding))
+        return self._shape_result(_wire.rest_outputs(response.content, self.encoding))
+
     def __getattr__(self, name: str):
         op = self._op_attr(name, self.list_ops() if not name.startswith("_") else {})
         return self._method(op, lambda *a, keep=False, **k: self.call(name, *a, keep=keep, **k))
@@ -320,6 +331,20 @@ class AsyncClient(_Base):
                                              **_wire.rest_execute(op, named, keep, self.encoding))
             outputs = _wire.rest_outputs(response.content, self.encoding)
         return self._shape_result(outputs)
+
+    def pipeline(self) -> Pipeline:
+        """As ``Client.pipeline``; ``await client.list_ops()`` once first, and ``await p.run()``."""
+        if self._catalogue is None:
+            raise RuntimeError("call `await client.list_ops()` once before building a pipeline")
+        return Pipeline(self, self._catalogue)
+
+    async def _run_pipeline(self, steps: list, outputs: list[str], keep: bool) -> Any:
+        if self.wire == "grpc":
+            reply = await self._grpc(self._stub.ExecutePipeline, _wire.pipeline_request(steps, outputs, keep))
+            return self._shape_result(_wire.outputs_from_pb(reply))
+        response = await self._http_call("POST", "/v1/pipelines",
+                                         **_wire.rest_pipeline(steps, outputs, keep, self.encoding))
+        return self._shape_result(_wire.rest_outputs(response.content, self.encoding))
 
     def __getattr__(self, name: str):
         if self._catalogue is None and not name.startswith("_"):

@@ -13,8 +13,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ._dtypes import DTYPE_NAMES, check_supported, dtype_from_name
-from ._tensor import HandleRef, SparseTensor
+from ._dtypes import DTYPE_NAMES, check_supported
+from ._tensor import HandleRef, OutputRef, SparseTensor
 from ._validate import check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
@@ -313,6 +313,8 @@ def value_to_pb(v: Any) -> pb.Value:
         return pb.Value(float_value=v)
     if isinstance(v, str):
         return pb.Value(string_value=v)
+    if isinstance(v, OutputRef):
+        return pb.Value(ref=v.ref)
     if isinstance(v, (SparseTensor, HandleRef, np.ndarray)):
         return pb.Value(tensor=tensor_to_pb(v))
     if isinstance(v, (np.generic, complex)):
@@ -332,6 +334,8 @@ def value_from_pb(msg: pb.Value, name: str) -> Any:
         return None
     if kind == "tensor":
         return tensor_from_pb(msg.tensor, name)
+    if kind == "ref":
+        return OutputRef(msg.ref)
     if kind == "list_value":
         return [value_from_pb(item, f"{name}[{i}]") for i, item in enumerate(msg.list_value.items)]
     return getattr(msg, kind)

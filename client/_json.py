@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ._dtypes import check_supported, dtype_from_name
-from ._tensor import LAYOUTS, HandleRef, SparseTensor
+from ._tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor
 from .errors import InvalidArgumentError
 
 __all__ = ["tensor_to_json", "tensor_from_json", "array_to_json", "array_from_json",
@@ -72,6 +72,8 @@ def tensor_to_json(t: Any) -> dict:
 
 def value_to_json(v: Any) -> Any:
     """A Python argument -> JSON (tensor-likes must already be converted)."""
+    if isinstance(v, OutputRef):
+        return {"ref": v.ref}
     if isinstance(v, (SparseTensor, HandleRef, np.ndarray)):
         return tensor_to_json(v)
     if isinstance(v, (np.generic, complex)):

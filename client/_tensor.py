@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["SparseTensor", "HandleRef", "LAYOUTS", "COMPRESSED_LAYOUTS", "BLOCK_LAYOUTS"]
+__all__ = ["SparseTensor", "HandleRef", "OutputRef", "LAYOUTS", "COMPRESSED_LAYOUTS", "BLOCK_LAYOUTS"]
 
 LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
 COMPRESSED_LAYOUTS = ("csr", "csc", "bsr", "bsc")
@@ -26,6 +26,17 @@ class HandleRef:
     """A reference to a tensor kept in the server's handle store."""
 
     handle: str
+
+
+@dataclass(frozen=True)
+class OutputRef:
+    """In a pipeline step's arguments: the output ``"<step>.<output>"`` of an earlier step."""
+
+    ref: str
+
+    @property
+    def step(self) -> str:
+        return self.ref.partition(".")[0]
 
 
 def _as_int64_vector(shape: Any) -> tuple[int, ...]:

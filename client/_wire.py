@@ -28,6 +28,28 @@ def execute_request(op: str, args: dict[str, Any], keep: bool) -> pb.ExecuteRequ
     return pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()})
 
 
+def pipeline_request(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
+                     keep: bool) -> pb.PipelineRequest:
+    """(name, op, args) steps as a ``PipelineRequest``."""
+    return pb.PipelineRequest(
+        steps=[pb.PipelineStep(name=name, op=op, args={k: value_to_pb(v) for k, v in args.items()})
+               for name, op, args in steps], outputs=outputs, keep=keep)
+
+
+def pipeline_from_pb(msg: pb.PipelineRequest) -> tuple[list[tuple[str, str, dict[str, Any]]], list[str], bool]:
+    """The server side of ``pipeline_request``."""
+    steps = [(step.name, step.op, {k: value_from_pb(v, f"{step.name or i}.{k}") for k, v in step.args.items()})
+             for i, step in enumerate(msg.steps)]
+    return steps, list(msg.outputs), msg.keep
+
+
+def pipeline_json(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str], keep: bool) -> bytes:
+    """The JSON body of ``POST /v1/pipelines``."""
+    return json.dumps({"steps": [{"name": name, "op": op, "args": {k: value_to_json(v) for k, v in args.items()}}
+                                 for name, op, args in steps],
+                       "outputs": outputs, "keep": keep}).encode()
+
+
 def outputs_to_pb(outputs: list[tuple[str, Any]]) -> pb.ExecuteResponse:
     """The server side of ``outputs_from_pb``: named outputs in declared order."""
     return pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=tensor_to_pb(value))
@@ -81,6 +103,14 @@ def rest_execute(op: str, args: dict[str, Any], keep: bool, encoding: str) -> di
                 "headers": {"content-type": PROTOBUF}}
     return {"content": json_body(args), "params": {"keep": "true"} if keep else None,
             "headers": {"content-type": "application/json"}}
+
+
+def rest_pipeline(steps: list, outputs: list[str], keep: bool, encoding: str) -> dict[str, Any]:
+    """The httpx request arguments of ``POST /v1/pipelines``."""
+    if encoding == "protobuf":
+        return {"content": pipeline_request(steps, outputs, keep).SerializeToString(),
+                "headers": {"content-type": PROTOBUF}}
+    return {"content": pipeline_json(steps, outputs, keep), "headers": {"content-type": "application/json"}}
 
 
 def rest_outputs(content: bytes, encoding: str) -> list[tuple[str, Any]]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from sparseserve._tensor import HandleRef, SparseTensor
+from sparseserve._tensor import HandleRef, OutputRef, SparseTensor
 from sparseserve._validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels._sort import frozen
@@ -52,6 +52,9 @@ def _layout_of(value: Any) -> str:
 
 
 def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any:
+    if isinstance(value, OutputRef):  # pipelines substitute their references before binding
+        raise InvalidArgumentError(f"{name} names the pipeline output {value.ref!r}; such references "
+                                   "work only in pipeline steps", reason="BAD_REF")
     if isinstance(value, HandleRef):  # the service resolves handles before binding
         raise InvalidArgumentError(f"{name}: handle {value.handle!r} was not resolved",
                                    reason="BAD_HANDLE")

@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sparseserve._codec import ChunkAssembler, iter_chunks, value_from_pb, value_to_pb
 from sparseserve._client import GRPC_WINDOW_OPTIONS
-from sparseserve._wire import outputs_to_pb
+from sparseserve._wire import outputs_to_pb, pipeline_from_pb
 from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeError
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
@@ -66,15 +66,17 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             log.exception("unexpected error")
             await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
 
+    async def _response(self, outputs: list[tuple[str, Any]], what: str) -> pb.ExecuteResponse:
+        """Outputs as an ExecuteResponse, refused when over the message limit (keep=true then)."""
+        self.service.check_result_size([t for _, t in outputs], self.service.config.max_request_bytes, what)
+        return await self.service.run(outputs_to_pb, outputs, nbytes=arguments_nbytes(t for _, t in outputs))
+
     async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
         async def run():
             tenant = _tenant(self.service, context)
             args = {name: value_from_pb(value, name) for name, value in request.args.items()}
             outputs = await self.service.execute(request.op, args, request.keep, tenant)
-            limit = self.service.config.max_request_bytes
-            self.service.check_result_size([t for _, t in outputs], limit, f"{request.op} result")
-            return await self.service.run(outputs_to_pb, outputs,
-                                          nbytes=arguments_nbytes(t for _, t in outputs))
+            return await self._response(outputs, f"{request.op} result")
 
         return await self._guard(context, run())
 
@@ -98,6 +100,14 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             return
         for frame in iter_chunks(tensor):
             await context.write(frame)
+
+    async def ExecutePipeline(self, request: pb.PipelineRequest, context) -> pb.ExecuteResponse:
+        async def run():
+            tenant = _tenant(self.service, context)
+            outputs = await self.service.execute_pipeline(*pipeline_from_pb(request), tenant)
+            return await self._response(outputs, "pipeline result")
+
+        return await self._guard(context, run())
 
     async def PutShared(self, request: pb.SharedTensor, context) -> pb.Handle:
         async def run():

@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sparseserve._codec import tensor_from_bytes, tensor_pieces, value_from_pb
 from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
-from sparseserve._wire import iter_slices, outputs_to_pb
+from sparseserve._tensor import OutputRef
+from sparseserve._wire import iter_slices, outputs_to_pb, pipeline_from_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
 from sparseserve.v1 import sparseserve_pb2 as pb
@@ -105,12 +106,41 @@ def _parse_json(body: bytes | memoryview) -> Any:
 
 
 def _json_arg(value: Any, name: str) -> Any:
-    """A JSON argument value: tensors decoded, lists of tensors decoded, the rest as is."""
+    """A JSON argument value: tensors and pipeline references decoded (in lists too), the rest
+    as is."""
+    if _is_ref_json(value):
+        return OutputRef(value["ref"])
     if is_tensor_json(value):
         return tensor_from_json(value, name)
-    if isinstance(value, list) and value and all(is_tensor_json(v) for v in value):
-        return [tensor_from_json(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, list) and value and all(is_tensor_json(v) or _is_ref_json(v) for v in value):
+        return [_json_arg(v, f"{name}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+def _is_ref_json(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("ref"), str)
+
+
+def _decode_pipeline_body(body: bytes | memoryview, protobuf: bool):
+    """(steps, outputs, keep) of a protobuf PipelineRequest or its JSON form."""
+    if protobuf:
+        return pipeline_from_pb(_parse_message(pb.PipelineRequest, body))
+    obj = _parse_json(body)
+    if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list) \
+            or not all(isinstance(step, dict) for step in obj["steps"]):
+        raise InvalidArgumentError('the body must be {"steps": [{"name", "op", "args"}, ...], "outputs": '
+                                   '[...], "keep": false}', reason="BAD_JSON")
+    steps = []
+    for i, step in enumerate(obj["steps"]):
+        name, op, args = step.get("name", ""), step.get("op"), step.get("args", {})
+        if not isinstance(name, str) or not isinstance(op, str) or not isinstance(args, dict):
+            raise InvalidArgumentError(f"steps[{i}] needs a string op, an optional string name and an "
+                                       "object of args", reason="BAD_JSON")
+        steps.append((name, op, {k: _json_arg(v, f"{name or i}.{k}") for k, v in args.items()}))
+    outputs = obj.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise InvalidArgumentError("outputs must be a list of \"<step>.<output>\" names", reason="BAD_JSON")
+    return steps, outputs, bool(obj.get("keep", False))
 
 
 def _truthy(value: str | None) -> bool:
@@ -186,8 +216,34 @@ def create_app(service: Service) -> FastAPI:
         service.delete(handle, service.tenant_for(request.headers.get("authorization")))
         return {"deleted": True}
 
+    @app.post("/v1/pipelines", tags=["pipelines"], openapi_extra=_PIPELINE_BODY)
+    async def run_pipeline(request: Request):
+        """Run a short chain of ops in one request: a step's argument `{"ref": "<step>.<output>"}`
+        is an output of an earlier step. Every step is checked before the first runs; `outputs`
+        (default: the last step's) come back, or their handles with `keep`."""
+        tenant = service.tenant_for(request.headers.get("authorization"))
+        body = await _read_body(request, service)
+        steps, outputs, keep = await service.run(_decode_pipeline_body, body, _is_protobuf_body(request),
+                                                 nbytes=len(body))
+        results = await service.execute_pipeline(steps, outputs, keep, tenant)
+        return await _outputs_response(service, request, results, "pipeline result")
+
     _add_tensor_schemas(app)
     return app
+
+
+_PIPELINE_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {
+        "type": "object", "required": ["steps"], "additionalProperties": False,
+        "properties": {
+            "steps": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["op"], "additionalProperties": False,
+                "properties": {"name": {"type": "string"}, "op": {"type": "string"},
+                               "args": {"type": "object", "description": "as for the op; "
+                                        "{\"ref\": \"<step>.<output>\"} names an earlier output"}}}},
+            "outputs": {"type": "array", "items": {"type": "string"}},
+            "keep": {"type": "boolean"}}}},
+    PROTOBUF: {"schema": {"type": "string", "format": "binary"}}}}}
 
 
 def _add_tensor_schemas(app: FastAPI) -> None:
@@ -277,6 +333,19 @@ def _op_schema(op: OpDef) -> dict:
             "required": [a.name for a in op.args if a.required], "additionalProperties": False}
 
 
+async def _outputs_response(service: Service, request: Request, outputs: list[tuple[str, Any]], what: str):
+    """Named outputs as an ExecuteResponse (over the message limit: refused, keep=true then) or
+    as JSON, as the request's Accept asks."""
+    out_bytes = arguments_nbytes(t for _, t in outputs)
+    if _wants_protobuf(request):
+        service.check_result_size([t for _, t in outputs], service.config.max_request_bytes, what)
+        body = await service.run(lambda: outputs_to_pb(outputs).SerializeToString(), nbytes=out_bytes)
+        return Response(body, media_type=PROTOBUF)
+    encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}},
+                                nbytes=out_bytes)
+    return JSONResponse(encoded)
+
+
 def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
     outputs = ", ".join(f"`{o.name}` ({o.type})" for o in op.outputs)
     openapi_extra = {"requestBody": {"required": True, "content": {
@@ -290,15 +359,7 @@ def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
         args, keep_in_body = await service.run(_decode_op_body, body, protobuf, nbytes=len(body))
         keep = keep or keep_in_body
         outputs = await service.execute(op.name, args, keep, tenant)
-        out_bytes = arguments_nbytes(t for _, t in outputs)
-        if _wants_protobuf(request):
-            service.check_result_size([t for _, t in outputs], service.config.max_request_bytes,
-                                      f"{op.name} result")
-            body = await service.run(lambda: outputs_to_pb(outputs).SerializeToString(), nbytes=out_bytes)
-            return Response(body, media_type=PROTOBUF)
-        encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}},
-                                    nbytes=out_bytes)
-        return JSONResponse(encoded)
+        return await _outputs_response(service, request, outputs, f"{op.name} result")
 
     run_op.__name__ = f"op_{op.name}"
     app.add_api_route(f"/v1/ops/{op.name}", run_op, methods=["POST"], tags=["ops"],

@@ -22,6 +22,7 @@ from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseSer
                                 UnauthenticatedError, UnavailableError)
 
 from .config import ServerConfig
+from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
 from .store import HandleStore, tensor_nbytes
 
@@ -131,6 +132,15 @@ class Service:
         bound = await self.run(self._bind, op, resolved, nbytes=size)
         result = op.result_bytes(**bound) if op.result_bytes is not None else size
         return await self.run(self._compute, op, bound, keep, tenant, nbytes=result)
+
+    async def execute_pipeline(self, raw_steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
+                               keep: bool, tenant: str) -> list[tuple[str, Any]]:
+        """Run (name, op, args) steps as one request (``server/pipeline.py``): every step is
+        checked before the first runs; the chosen outputs come back."""
+        resolved = [(name, op, {k: self._resolve(v, tenant) for k, v in args.items()})
+                    for name, op, args in raw_steps]
+        steps, chosen = await self.run(plan_pipeline, self.registry, resolved, outputs)
+        return self._kept(await self.run(run_steps, self, steps, chosen, tenant), keep, tenant)
 
     def _execute_sync(self, op, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
         return self._compute(op, self._bind(op, args), keep, tenant)

@@ -1,0 +1,123 @@
+"""Pipelines: a short chain of ops in one request, outputs of one step feeding the next.
+
+A step's arguments are values as for ``Execute``, or ``OutputRef("<step>.<output>")``
+naming an output of an earlier step. Everything that can be checked before any
+kernel runs is: step names, ops, argument names, references (earlier steps, declared
+outputs, tensor arguments only), and every argument that is not a reference —
+tensors included — through the op's own argument types. Then the steps run one
+after another in one trip to the kernel pool, and only the chosen outputs leave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparseserve._tensor import OutputRef
+from sparseserve.errors import InvalidArgumentError, SparseServeError
+
+from .registry import OpDef, Registry
+
+__all__ = ["Step", "plan_pipeline", "run_steps", "MAX_STEPS"]
+
+# A pipeline is a short chain, not a program: bounded so one request stays bounded.
+MAX_STEPS = 32
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    op: OpDef
+    args: dict[str, Any]
+
+
+def _step_error(step: str, err: SparseServeError) -> SparseServeError:
+    """The same error class and reason, the message saying which step."""
+    return type(err)(f"step {step!r}: {err.message}", reason=err.reason)
+
+
+def _refs_in(value: Any) -> list[OutputRef]:
+    if isinstance(value, OutputRef):
+        return [value]
+    if isinstance(value, list):
+        return [r for v in value for r in _refs_in(v)]
+    return []
+
+
+def plan_pipeline(registry: Registry, raw_steps: list[tuple[str, str, dict[str, Any]]],
+                  outputs: list[str]) -> tuple[list[Step], list[str]]:
+    """Checked steps and the output names to return ("<step>.<output>"), or the first problem
+    as INVALID_ARGUMENT (NOT_FOUND for an unknown op) naming the step and the argument."""
+    if not raw_steps:
+        raise InvalidArgumentError("a pipeline needs at least one step", reason="EMPTY_PIPELINE")
+    if len(raw_steps) > MAX_STEPS:
+        raise InvalidArgumentError(f"a pipeline has at most {MAX_STEPS} steps, not {len(raw_steps)}",
+                                   reason="PIPELINE_TOO_LONG")
+    available: set[str] = set()
+    steps: list[Step] = []
+    for index, (name, op_name, args) in enumerate(raw_steps):
+        name = name or f"step{index}"
+        if "." in name or any(s.name == name for s in steps):
+            raise InvalidArgumentError(f"step {index} is named {name!r}: step names must be unique and "
+                                       "contain no '.'", reason="BAD_STEP_NAME")
+        try:
+            op = registry.get(op_name)
+            _check_arguments(op, args, available)
+        except SparseServeError as err:
+            raise _step_error(name, err) from None
+        steps.append(Step(name, op, args))
+        available |= {f"{name}.{out.name}" for out in op.outputs}
+    chosen = list(outputs) or [f"{steps[-1].name}.{out.name}" for out in steps[-1].op.outputs]
+    for out in chosen:
+        if out not in available:
+            raise InvalidArgumentError(f"outputs names {out!r}, which no step produces; available: "
+                                       f"{', '.join(sorted(available))}", reason="UNKNOWN_OUTPUT")
+    return steps, chosen
+
+
+def _check_arguments(op: OpDef, args: dict[str, Any], available: set[str]) -> None:
+    declared = {a.name: a for a in op.args}
+    for arg_name, value in args.items():
+        arg = declared.get(arg_name)
+        if arg is None:
+            raise InvalidArgumentError(f"{op.name} has no argument {arg_name!r}; its arguments are "
+                                       f"{', '.join(declared)}", reason="UNKNOWN_ARGUMENT")
+        refs = _refs_in(value)
+        if not refs:
+            if value is not None:
+                arg.type.coerce(value, arg, op.name)  # the op's own check, tensors included
+            continue
+        if not (arg.type.is_tensor or arg.type.is_tensor_list):
+            raise InvalidArgumentError(f"{arg_name} names an earlier output, but only tensor arguments "
+                                       "may", reason="BAD_REF")
+        for ref in refs:
+            if ref.ref not in available:
+                raise InvalidArgumentError(
+                    f"{arg_name} names {ref.ref!r}, which is not an output of an earlier step"
+                    + (f"; available: {', '.join(sorted(available))}" if available else ""),
+                    reason="UNKNOWN_REF")
+    for arg in op.args:
+        if arg.required and args.get(arg.name) is None:
+            raise InvalidArgumentError(f"{op.name} needs argument {arg.name!r}", reason="MISSING_ARGUMENT")
+
+
+def _substitute(value: Any, results: dict[str, Any]) -> Any:
+    if isinstance(value, OutputRef):
+        return results[value.ref]
+    if isinstance(value, list):
+        return [_substitute(v, results) for v in value]
+    return value
+
+
+def run_steps(service, steps: list[Step], chosen: list[str], tenant: str) -> list[tuple[str, Any]]:
+    """Run the planned steps in order (in a kernel-pool thread); the chosen outputs by name.
+    Intermediate results live only here and are dropped once the request ends."""
+    results: dict[str, Any] = {}
+    for step in steps:
+        args = {name: _substitute(value, results) for name, value in step.args.items()}
+        try:
+            outputs = service._compute(step.op, service._bind(step.op, args), False, tenant)
+        except SparseServeError as err:
+            raise _step_error(step.name, err) from None
+        results.update({f"{step.name}.{name}": value for name, value in outputs})
+    return [(name, results[name]) for name in chosen]
