@@ -8,6 +8,7 @@ the server assemble streams the same way.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -60,7 +61,7 @@ def _array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], in
                                    reason="BAD_DTYPE")
     dtype = np.dtype(_DTYPE_FROM_PB[msg.dtype]).newbyteorder("<")
     shape = check_shape(msg.shape, f"{name}.shape")
-    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize if shape else dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: exact, and quick for a short shape
     return dtype, shape, nbytes
 
 

@@ -14,6 +14,8 @@ DTYPE_NAMES: tuple[str, ...] = (
 )
 _BY_NAME = {name: np.dtype(name) for name in DTYPE_NAMES}
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+# Native-order dtypes map to themselves; others go through the full check.
+_SUPPORTED_NATIVE = {dtype: dtype for dtype in _BY_NAME.values()}
 
 
 def dtype_from_name(name: str, *, argument: str = "dtype") -> np.dtype:
@@ -31,6 +33,9 @@ def dtype_from_name(name: str, *, argument: str = "dtype") -> np.dtype:
 
 def check_supported(dtype: np.dtype, argument: str) -> np.dtype:
     """The native-order dtype if it is one of SPEC's; ``InvalidArgumentError`` otherwise."""
+    native = _SUPPORTED_NATIVE.get(dtype)  # the common case: a dict lookup per array
+    if native is not None:
+        return native
     native = np.dtype(dtype).newbyteorder("=")
     if native.name not in _BY_NAME:
         from .errors import InvalidArgumentError
