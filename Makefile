@@ -28,8 +28,10 @@ test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Peers (scipy, torch) are optional for the benchmarks: missing ones are reported and skipped.
+# `python -m bench.<name>` runs one of them alone.
 bench: $(VENV)/.dev
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.service
 
 proto: $(VENV)/.dev
 	$(BIN)/python tools/gen_proto.py
