@@ -26,16 +26,17 @@ def _blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
 
 
-def test_readme_sdk_quickstart_prints_what_it_says(server):
-    code = _blocks("python")[0].replace("localhost:50051", server.grpc_target)
+@pytest.mark.parametrize("example", [0, 1], ids=["quickstart", "pipeline"])
+def test_readme_sdk_examples_print_what_they_say(server, example):
+    code = _blocks("python")[example].replace("localhost:50051", server.grpc_target)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == _blocks("text")[0]
+    assert result.stdout == _blocks("text")[example]
 
 
 def test_readme_curl_examples_answer_what_they_say(server):
     commands, answers = _blocks("sh")[1:], _blocks("json")
-    assert len(commands) == len(answers) == 2
+    assert len(commands) == len(answers) == 3
     for command, answer in zip(commands, answers):
         path = re.search(r"localhost:8000(\S+)", command).group(1)
         body = re.search(r"-d '(.*)'", command, flags=re.S).group(1)
