@@ -24,7 +24,9 @@ __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "va
            "value_from_pb", "tensor_pieces", "tensor_to_bytes", "tensor_from_bytes", "iter_chunks", "parse_chunk",
            "ChunkAssembler", "DEFAULT_CHUNK_BYTES"]
 
-DEFAULT_CHUNK_BYTES = 4 << 20
+# Chunks of the Upload/Download streams: each is copied twice on its way (framing, then
+# into gRPC), and at 1 MiB those copies stay in cache (4 MiB measured 10-20% slower).
+DEFAULT_CHUNK_BYTES = 1 << 20
 _LAYOUT_TO_PB = {"coo": pb.COO, "csr": pb.CSR, "csc": pb.CSC, "bsr": pb.BSR, "bsc": pb.BSC}
 _LAYOUT_FROM_PB = {v: k for k, v in _LAYOUT_TO_PB.items()} | {pb.LAYOUT_UNSPECIFIED: "coo"}
 _DTYPE_TO_PB = {name: pb.DType.Value(name.upper()) for name in DTYPE_NAMES}
