@@ -62,9 +62,12 @@ def scipy_to_sparse(m) -> SparseTensor:
     if fmt == "bsr":
         return SparseTensor(layout="bsr", compressed_indices=m.indptr, plain_indices=m.indices,
                             values=m.data, dense_shape=shape, blocksize=m.blocksize)
+    # Any other format (coo, dia, lil, dok) via scipy's COO; newer scipy has n-D coo arrays.
     coo = m.tocoo()
-    return SparseTensor(indices=np.stack([coo.row, coo.col], axis=1).astype(np.int64, copy=False),
-                        values=coo.data, dense_shape=shape)
+    coords = getattr(coo, "coords", None) or (coo.row, coo.col)
+    indices = np.stack(coords, axis=1) if len(coords) else np.zeros((coo.nnz, 0))
+    return SparseTensor(indices=indices.astype(np.int64, copy=False), values=coo.data, dense_shape=shape,
+                        coalesced=bool(getattr(coo, "has_canonical_format", False)))
 
 
 def torch_to_tensor(t) -> SparseTensor | np.ndarray:
@@ -107,8 +110,9 @@ def compressed_to_coo(t: SparseTensor) -> SparseTensor:
     nb = t.batch_ndim
     batch = t.dense_shape[:nb]
     n_batch = int(np.prod(batch, dtype=np.int64))
-    ci = t.compressed_indices.reshape(n_batch, -1).astype(np.int64)
-    pi = t.plain_indices.reshape(n_batch, -1).astype(np.int64)
+    # Explicit lengths: a batch dimension of 0 leaves nothing for -1 to infer from.
+    ci = t.compressed_indices.reshape(n_batch, t.compressed_indices.shape[-1]).astype(np.int64)
+    pi = t.plain_indices.reshape(n_batch, t.plain_indices.shape[-1]).astype(np.int64)
     nse = pi.shape[1]
     block = tuple(t.blocksize) if t.layout in BLOCK_LAYOUTS else (1, 1)
     dense_dims = t.dense_shape[nb + 2:]
@@ -127,8 +131,9 @@ def compressed_to_coo(t: SparseTensor) -> SparseTensor:
     batch_ids = np.repeat(batch_id, block[0] * block[1])
     batch_coords = np.unravel_index(batch_ids, batch) if nb else ()
     indices = np.stack([*batch_coords, rows, cols], axis=1).astype(np.int64)
-    return SparseTensor(indices=indices.reshape(-1, nb + 2),
-                        values=values.reshape(-1, *dense_dims), dense_shape=t.dense_shape)
+    n = n_batch * nse * block[0] * block[1]
+    return SparseTensor(indices=indices.reshape(n, nb + 2),
+                        values=values.reshape(n, *dense_dims), dense_shape=t.dense_shape)
 
 
 def sparse_to_numpy(t: SparseTensor) -> np.ndarray:
@@ -146,9 +151,15 @@ def sparse_to_numpy(t: SparseTensor) -> np.ndarray:
 def sparse_to_scipy(t: SparseTensor):
     import scipy.sparse as sp
 
+    if t.layout == "bsc":
+        raise ValueError("scipy.sparse has no BSC format; convert the tensor to bsr or csc first")
+    if t.batch_ndim:
+        raise ValueError(f"scipy.sparse holds single 2-D matrices; this {t.layout} tensor has "
+                         f"{t.batch_ndim} batch dimensions (dense_shape {list(t.dense_shape)}): "
+                         "convert each batch, or use to_torch()")
     if t.ndim != 2 or t.dense_ndim != 0:
         raise ValueError(f"scipy.sparse holds 2-D tensors without dense dimensions; this one has "
-                         f"dense_shape {list(t.dense_shape)}")
+                         f"dense_shape {list(t.dense_shape)} with {t.dense_ndim} dense dimensions")
     if t.layout == "coo":
         return sp.coo_array((t.values, (t.indices[:, 0], t.indices[:, 1])), shape=t.dense_shape)
     if t.layout == "csr":
@@ -158,7 +169,7 @@ def sparse_to_scipy(t: SparseTensor):
     if t.layout == "bsr":
         return sp.bsr_array((t.values, t.plain_indices, t.compressed_indices), shape=t.dense_shape,
                             blocksize=tuple(t.blocksize))
-    return sparse_to_scipy(t.to_coo())  # scipy has no BSC
+    raise ValueError(f"unknown layout {t.layout!r}")
 
 
 def _to_torch_array(a: np.ndarray):

@@ -1,26 +1,197 @@
 """Moving tensors between layouts inside the server, for ops declared on several.
 
 Op modules call these instead of converting by hand, so one place decides how
-each layout pair is converted (and later, how fast).
+each layout pair is converted. The index work runs in
+``sparseserve.kernels.compressed``; values move here as opaque rows (a gather
+or a scatter), so every dtype takes the same path.
+
+Every function takes a tensor validated against SPEC section 2 (any index
+order, repeats allowed) and never hands a kernel an order it has not checked.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from sparseserve._convert import compressed_to_coo
-from sparseserve._tensor import SparseTensor
 from sparseserve import kernels
+from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
+from sparseserve.kernels import compressed as ck
+from sparseserve.kernels._sort import frozen, gather_rows
 
-__all__ = ["SPARSE_LAYOUTS", "as_coo", "as_csr"]
+__all__ = ["SPARSE_LAYOUTS", "as_coo", "as_csr", "convert_layout", "BatchNseError"]
 
 SPARSE_LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
+ROW_MAJOR = ("csr", "bsr")
+TRANSPOSED = {"csr": "csc", "csc": "csr", "bsr": "bsc", "bsc": "bsr"}
+INT32_MAX = np.iinfo(np.int32).max
+
+
+class BatchNseError(ValueError):
+    """The batches of a would-be compressed tensor hold different numbers of entries."""
+
+    def __init__(self, counts: np.ndarray, what: str):
+        first = int(np.argmax(counts != counts[0]))
+        super().__init__(f"every batch of a compressed tensor holds the same number of {what}; "
+                         f"batch 0 holds {int(counts[0])} but batch {first} holds {int(counts[first])}")
+
+
+# ------------------------------------------------------------------ small helpers
+def _block(t: SparseTensor) -> tuple[int, int]:
+    return tuple(int(b) for b in t.blocksize) if t.layout in BLOCK_LAYOUTS else (1, 1)
+
+
+def _n_batch(t: SparseTensor) -> int:
+    return int(np.prod(t.dense_shape[:t.batch_ndim], dtype=np.int64))
+
+
+def _indices_2d(t: SparseTensor) -> tuple[np.ndarray, np.ndarray]:
+    """Compressed and plain indices as [n_batch, n] (views)."""
+    n_batch = _n_batch(t)
+    ci = t.compressed_indices.reshape(n_batch, t.compressed_indices.shape[-1])
+    return ci, t.plain_indices.reshape(n_batch, t.plain_indices.shape[-1])
+
+
+def _dense_dims(t: SparseTensor) -> tuple[int, ...]:
+    return tuple(t.dense_shape[len(t.dense_shape) - t.dense_ndim:])
+
+
+def _coo(indices, values, shape, coalesced: bool) -> SparseTensor:
+    return SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=coalesced)
+
+
+def _compressed(layout, ci, pi, values, shape, batch, blocksize=None) -> SparseTensor:
+    """A compressed tensor from flat pieces: [n_batch, *] indices and entry-major values."""
+    batch = tuple(batch)
+    nse = pi.shape[-1]
+    return SparseTensor(layout=layout, compressed_indices=ci.reshape(*batch, ci.shape[-1]),
+                        plain_indices=pi.reshape(*batch, nse),
+                        values=values.reshape(*batch, nse, *values.shape[1:]), dense_shape=shape,
+                        blocksize=blocksize)
+
+
+def _batch_pointers(ptr: np.ndarray, n_batch: int, n_compressed: int, what: str) -> np.ndarray:
+    """Per-batch compressed indices [n_batch, n_compressed + 1] from global pointers over
+    (batch, compressed) keys; every batch must hold the same number of entries."""
+    if n_batch == 1:
+        return ptr.reshape(1, -1)
+    starts = ptr[np.arange(n_batch + 1) * n_compressed]
+    counts = np.diff(starts)
+    if counts.size and np.any(counts != counts[0]):
+        raise BatchNseError(counts, what)
+    idx = np.arange(n_batch)[:, None] * n_compressed + np.arange(n_compressed + 1)[None, :]
+    return ptr[idx] - starts[:-1, None]
+
+
+def _index_dtype(dtype, *limits: int) -> np.dtype:
+    """The wanted index dtype, or int64 where int32 cannot hold the result's indices."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.int64) if dtype == np.int32 and max(limits, default=0) > INT32_MAX else dtype
+
+
+# ------------------------------------------------------------------ compressed <-> compressed
+def transpose_compressed(t: SparseTensor) -> SparseTensor:
+    """CSR <-> CSC, BSR <-> BSC over the same blocks: a counting sort of the structure.
+    Each output segment lists its plain indices in ascending order; index dtype kept."""
+    nb = t.batch_ndim
+    br, bc = _block(t)
+    rows, cols = t.dense_shape[nb], t.dense_shape[nb + 1]
+    n_plain = cols // bc if t.layout in ROW_MAJOR else rows // br
+    ci, pi = _indices_2d(t)
+    ci_out, pi_out, perm = ck.transpose(ci, pi, n_plain)
+    entries = t.values.reshape(ci.shape[0] * pi.shape[1], *t.values.shape[nb + 1:])
+    return _compressed(TRANSPOSED[t.layout], ci_out, pi_out, gather_rows(entries, perm), t.dense_shape,
+                       t.dense_shape[:nb], t.blocksize)
+
+
+def _row_major(t: SparseTensor) -> tuple[SparseTensor, bool]:
+    """(t as CSR/BSR, whether a transposition was needed)."""
+    return (t, False) if t.layout in ROW_MAJOR else (transpose_compressed(t), True)
+
+
+# ------------------------------------------------------------------ -> COO
+def _sorted_coo(t: SparseTensor) -> SparseTensor:
+    """Compressed -> COO in row-major order (batch dims leading); coalesced when no segment
+    repeats a plain index. Every element of a stored block is stored."""
+    r, transposed = _row_major(t)
+    nb = r.batch_ndim
+    block = _block(r)
+    ci, pi = _indices_2d(r)
+    indices, src, unique = ck.expand(ci, pi, r.dense_shape[:nb], block)
+    dense = _dense_dims(r)
+    elements = r.values.reshape(src.size, *dense)
+    if block == (1, 1) and not transposed:
+        values = elements  # a CSR's entries expand in storage order: no gather
+    else:
+        values = gather_rows(elements, src)
+    return _coo(indices, values, r.dense_shape, unique)
 
 
 def as_coo(t: SparseTensor) -> SparseTensor:
     """Any sparse layout -> COO over the same dense_shape (batch dimensions of a compressed
     tensor become leading sparse dimensions; its dense dimensions stay dense)."""
-    return t if t.layout == "coo" else compressed_to_coo(t)
+    return t if t.layout == "coo" else _sorted_coo(t)
+
+
+def _coalesced(t: SparseTensor) -> SparseTensor:
+    """A COO tensor sorted row-major with unique indices (duplicates summed)."""
+    indices, values = frozen(np.ascontiguousarray(t.indices)), frozen(np.ascontiguousarray(t.values))
+    if indices.shape[0] > 1:
+        position, _ = kernels.first_disorder(indices, t.dense_shape)
+        if position >= 0:
+            indices, values = kernels.coalesce(indices, values, t.dense_shape)
+    return _coo(indices, values, t.dense_shape, True)
+
+
+def coalesced_coo(t: SparseTensor) -> SparseTensor:
+    """Any sparse layout -> COO, sorted row-major, repeated indices summed."""
+    coo = as_coo(t)
+    return coo if coo.coalesced and coo is not t else _coalesced(coo)
+
+
+# ------------------------------------------------------------------ COO -> compressed
+def _compress(coo: SparseTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ptr, plain, indices, values) of a COO tensor (>= 2 sparse dims) sorted row-major
+    with duplicates summed; the input's arrays are reused when already in that order."""
+    shape = np.asarray(coo.dense_shape[:coo.indices.shape[1]], np.int64)
+    indices, values = coo.indices, coo.values
+    ptr, plain, flag = ck.compress_sorted(indices, shape, 1, with_plain=True)
+    if flag != ck.STRICT:
+        indices, values = kernels.coalesce(frozen(np.ascontiguousarray(indices)),
+                                           frozen(np.ascontiguousarray(values)), coo.dense_shape)
+        ptr, plain, _ = ck.compress_sorted(indices, shape, 1, with_plain=True)
+    return ptr, plain, indices, values
+
+
+def _to_csr(coo: SparseTensor, index_dtype) -> SparseTensor:
+    s = coo.indices.shape[1]
+    ptr, plain, _, values = _compress(coo)
+    n_batch = int(np.prod(coo.dense_shape[:s - 2], dtype=np.int64))
+    rows, cols = coo.dense_shape[s - 2], coo.dense_shape[s - 1]
+    ci = _batch_pointers(ptr, n_batch, rows, "stored entries")
+    dtype = _index_dtype(index_dtype, plain.size, cols)
+    plain = plain.reshape(n_batch, plain.size // n_batch if n_batch else 0)
+    return _compressed("csr", ci.astype(dtype, copy=False), plain.astype(dtype, copy=False),
+                       values, coo.dense_shape, coo.dense_shape[:s - 2])
+
+
+def _to_bsr(coo: SparseTensor, blocksize, index_dtype) -> SparseTensor:
+    """Coalesced COO -> BSR: a block is stored when any of its elements is; the others
+    in it are zero."""
+    s = coo.indices.shape[1]
+    br, bc = (int(b) for b in blocksize)
+    shape = np.asarray(coo.dense_shape[:s], np.int64)
+    block_ptr, block_pi, dest = ck.blockify(coo.indices, shape, (br, bc))
+    n_batch = int(np.prod(coo.dense_shape[:s - 2], dtype=np.int64))
+    ci = _batch_pointers(block_ptr, n_batch, coo.dense_shape[s - 2] // br, "stored blocks")
+    dense = tuple(coo.dense_shape[s:])
+    inner = int(np.prod(dense, dtype=np.int64))
+    n_blocks = block_pi.size
+    values = ck.scatter_rows(coo.values.reshape(dest.size, inner), dest, n_blocks * br * bc)
+    dtype = _index_dtype(index_dtype, n_blocks, coo.dense_shape[s - 1] // bc)
+    return _compressed("bsr", ci.astype(dtype, copy=False),
+                       block_pi.reshape(n_batch, n_blocks // n_batch if n_batch else 0).astype(dtype, copy=False),
+                       values.reshape(n_blocks, br, bc, *dense), coo.dense_shape, coo.dense_shape[:s - 2],
+                       (br, bc))
 
 
 def as_csr(t: SparseTensor) -> SparseTensor:
@@ -28,12 +199,84 @@ def as_csr(t: SparseTensor) -> SparseTensor:
     rows in order and columns ascending within each row (duplicates kept, not summed)."""
     if t.layout == "csr":
         return t
+    if t.layout == "csc" and t.batch_ndim == 0:
+        out = transpose_compressed(t)  # a stable counting sort: columns ascend within rows
+        return SparseTensor(layout="csr", compressed_indices=out.compressed_indices.astype(np.int64),
+                            plain_indices=out.plain_indices.astype(np.int64), values=out.values,
+                            dense_shape=t.dense_shape)
     coo = as_coo(t)
     if coo.indices.shape[1] != 2:
         raise ValueError(f"as_csr needs two sparse dimensions, not {coo.indices.shape[1]}")
-    indices, values = kernels.reorder(coo.indices, coo.values, coo.dense_shape[:2])
-    counts = np.bincount(indices[:, 0], minlength=coo.dense_shape[0])
-    crow = np.zeros(coo.dense_shape[0] + 1, np.int64)
-    np.cumsum(counts, out=crow[1:])
-    return SparseTensor(layout="csr", compressed_indices=crow, plain_indices=indices[:, 1].copy(),
-                        values=values, dense_shape=coo.dense_shape)
+    shape = np.asarray(coo.dense_shape[:2], np.int64)
+    indices, values = coo.indices, coo.values
+    ptr, plain, flag = ck.compress_sorted(indices, shape, 1, with_plain=True)
+    if flag != ck.STRICT:  # order the columns, keeping repeats (reorder is stable)
+        indices, values = kernels.reorder(frozen(np.ascontiguousarray(indices)),
+                                          frozen(np.ascontiguousarray(values)), coo.dense_shape)
+        ptr, plain, _ = ck.compress_sorted(indices, shape, 1, with_plain=True)
+    return SparseTensor(layout="csr", compressed_indices=ptr, plain_indices=plain, values=values,
+                        dense_shape=coo.dense_shape)
+
+
+# ------------------------------------------------------------------ dense dimensions
+def _move_dense_dims(coo: SparseTensor, dense_dim: int) -> SparseTensor:
+    """A coalesced COO with ``dense_dim`` trailing dense dimensions, the result coalesced.
+
+    Fewer: every element of a stored value becomes a stored entry. More: entries that
+    agree on the remaining sparse dimensions merge into one dense value (zeros where
+    none was stored).
+    """
+    shape = coo.dense_shape
+    s_old, s_new = coo.indices.shape[1], len(shape) - dense_dim
+    if s_new == s_old:
+        return coo
+    nnz = coo.indices.shape[0]
+    moved = tuple(shape[min(s_old, s_new):max(s_old, s_new)])
+    m = int(np.prod(moved, dtype=np.int64))
+    if s_new > s_old:
+        tile = np.stack(np.unravel_index(np.arange(m), moved), axis=1) if m else np.zeros((0, len(moved)), np.int64)
+        indices = np.concatenate([np.repeat(coo.indices, m, axis=0), np.tile(tile, (nnz, 1))], axis=1)
+        values = np.ascontiguousarray(coo.values).reshape(nnz * m, *shape[s_new:])
+        return _coo(indices.astype(np.int64, copy=False), values, shape, True)
+    lead = coo.indices[:, :s_new]
+    keys = np.ravel_multi_index(tuple(lead.T), shape[:s_new]) if nnz else np.zeros(0, np.int64)
+    new_group = np.empty(nnz, bool)
+    new_group[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=new_group[1:])
+    group = np.cumsum(new_group) - 1
+    inner = int(np.prod(shape[s_old:], dtype=np.int64))
+    within = np.ravel_multi_index(tuple(coo.indices[:, s_new:].T), moved) if nnz else np.zeros(0, np.int64)
+    n_groups = int(new_group.sum())
+    values = np.zeros((n_groups * m, inner), coo.values.dtype)
+    values[group * m + within] = np.ascontiguousarray(coo.values).reshape(nnz, inner)
+    return _coo(np.ascontiguousarray(lead[new_group]), values.reshape(n_groups, *shape[s_new:]), shape, True)
+
+
+# ------------------------------------------------------------------ convert
+def convert_layout(t: SparseTensor, layout: str, blocksize=None, dense_dim: int | None = None) -> SparseTensor:
+    """``t`` in ``layout`` (arguments already checked by the op): COO output is coalesced
+    unless a compressed input repeats a plain index in a segment; compressed outputs keep
+    the input's compressed index dtype (int64 from COO, or where int32 cannot hold them)."""
+    dense_now = t.dense_ndim
+    dense_dim = dense_now if dense_dim is None else int(dense_dim)
+    blocksize = tuple(int(b) for b in blocksize) if layout in BLOCK_LAYOUTS else None
+    index_dtype = np.int64 if t.layout == "coo" else t.compressed_indices.dtype
+    if dense_dim == dense_now and t.layout != "coo":
+        same_blocks = blocksize is None or tuple(t.blocksize or ()) == blocksize
+        if layout == t.layout and same_blocks:
+            return t
+        if layout == TRANSPOSED[t.layout] and same_blocks:
+            return transpose_compressed(t)
+        if layout == "coo":
+            return as_coo(t)
+    if dense_dim == dense_now and t.layout == "coo" and layout in ("csr", "csc"):
+        csr = _to_csr(t, index_dtype)  # sums duplicates only when the input is not coalesced
+        return csr if layout == "csr" else transpose_compressed(csr)
+    coo = _move_dense_dims(coalesced_coo(t), dense_dim)
+    if layout == "coo":
+        return coo
+    if layout in ("csr", "csc"):
+        out = _to_csr(coo, index_dtype)
+    else:
+        out = _to_bsr(coo, blocksize, index_dtype)
+    return out if layout in ROW_MAJOR else transpose_compressed(out)

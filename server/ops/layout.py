@@ -1,0 +1,132 @@
+"""Layout conversion: ``convert`` between COO, CSR, CSC, BSR and BSC.
+
+Semantics follow PyTorch's ``to_sparse()``, ``to_sparse_csr(dense_dim)``,
+``to_sparse_csc``, ``to_sparse_bsr(blocksize, dense_dim)`` and
+``to_sparse_bsc``, extended to every pair (torch refuses some, e.g. COO with
+batches, or BSR -> CSR): batch dimensions of a compressed tensor are leading
+sparse dimensions of its COO form, and blocks are expanded or gathered through
+that form. The arguments are checked here; the work is in ``_layouts``.
+"""
+
+from __future__ import annotations
+
+from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
+from sparseserve.errors import InvalidArgumentError
+
+from ..argtypes import AXES, OPTIONAL_INT, SPARSE, STRING
+from ..registry import REGISTRY, Arg, Output
+from ._layouts import SPARSE_LAYOUTS, BatchNseError, convert_layout
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in SPARSE_LAYOUTS:
+        hint = "; use to_dense for a dense result" if layout == "dense" else ""
+        raise InvalidArgumentError(f"layout = {layout!r} is not one of {', '.join(SPARSE_LAYOUTS)}{hint}",
+                                   reason="BAD_LAYOUT")
+    return layout
+
+
+def _check_dense_dim(sp_input: SparseTensor, layout: str, dense_dim: int | None) -> int:
+    ndim = sp_input.ndim
+    target = sp_input.dense_ndim if dense_dim is None else dense_dim
+    need = 1 if layout == "coo" else 2
+    if target < 0 or ndim - target < need:
+        given = f"dense_dim = {target}" if dense_dim is not None else \
+            f"the input's {target} dense dimensions"
+        raise InvalidArgumentError(
+            f"{given} would leave {ndim - target} sparse dimensions of dense_shape "
+            f"{list(sp_input.dense_shape)}; layout {layout} needs at least {need}"
+            + ("" if dense_dim is not None else "; pass a smaller dense_dim"), reason="DENSE_DIM")
+    return target
+
+
+def _check_blocksize(sp_input: SparseTensor, layout: str, blocksize, dense_dim: int):
+    if layout not in BLOCK_LAYOUTS:
+        if blocksize is not None:
+            raise InvalidArgumentError(f"blocksize is only for layouts bsr and bsc, not {layout}",
+                                       reason="BLOCKSIZE")
+        return None
+    if blocksize is None:
+        raise InvalidArgumentError(f"layout {layout} needs a blocksize", reason="BLOCKSIZE")
+    if len(blocksize) == 1:  # one int: square blocks
+        blocksize = [blocksize[0], blocksize[0]]
+    if len(blocksize) != 2 or min(blocksize) < 1:
+        raise InvalidArgumentError(f"blocksize = {list(blocksize)} must be two positive integers",
+                                   reason="BLOCKSIZE")
+    p = sp_input.ndim - dense_dim
+    rows, cols = sp_input.dense_shape[p - 2], sp_input.dense_shape[p - 1]
+    if rows % blocksize[0] or cols % blocksize[1]:
+        raise InvalidArgumentError(f"blocksize = {list(blocksize)} does not divide the sparse dimensions "
+                                   f"{[rows, cols]}", reason="BLOCKSIZE")
+    return tuple(int(b) for b in blocksize)
+
+
+def _plan(sp_input: SparseTensor, layout: str, blocksize, dense_dim):
+    layout = _check_layout(layout)
+    dense_dim = _check_dense_dim(sp_input, layout, dense_dim)
+    return layout, _check_blocksize(sp_input, layout, blocksize, dense_dim), dense_dim
+
+
+def _stored_positions(sp_input: SparseTensor) -> int:
+    """Stored positions over the input's non-dense dimensions (every element of a block)."""
+    if sp_input.layout == "coo":
+        return sp_input.nnz
+    area = _prod(sp_input.blocksize) if sp_input.layout in BLOCK_LAYOUTS else 1
+    return _prod(sp_input.dense_shape[:sp_input.batch_ndim]) * sp_input.nnz * area
+
+
+def _convert_bytes(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim=None, **_) -> int:
+    """An upper bound of the result's bytes: entries can multiply when dense dimensions
+    become sparse, and blocks bring their zeros (a few entries in huge blocks)."""
+    layout, blocksize, target = _plan(sp_input, layout, blocksize, dense_dim)
+    shape = sp_input.dense_shape
+    p_now, p_new = sp_input.ndim - sp_input.dense_ndim, sp_input.ndim - target
+    positions = _stored_positions(sp_input)
+    if p_new > p_now:
+        positions *= _prod(shape[p_now:p_new])
+    positions = min(positions, _prod(shape[:p_new]))
+    inner = _prod(shape[p_new:]) * sp_input.dtype.itemsize
+    if layout == "coo":
+        return positions * (8 * p_new + inner)
+    n_batch = _prod(shape[:p_new - 2])
+    br, bc = blocksize or (1, 1)
+    n_blocks = min(positions, n_batch * (shape[p_new - 2] // br) * (shape[p_new - 1] // bc))
+    n_compressed = shape[p_new - 2] // br if layout in ("csr", "bsr") else shape[p_new - 1] // bc
+    return n_blocks * (8 + br * bc * inner) + n_batch * (n_compressed + 1) * 8
+
+
+@REGISTRY.op(
+    "convert",
+    doc="""Converts a sparse tensor to another sparse layout (torch's to_sparse, to_sparse_csr,
+to_sparse_csc, to_sparse_bsr, to_sparse_bsc), between every pair of coo, csr, csc, bsr, bsc.
+A COO tensor with more than two sparse dimensions becomes batch dimensions plus two compressed
+ones; every batch must then hold the same number of entries (blocks for bsr/bsc), otherwise
+INVALID_ARGUMENT (reason BATCH_NSE_MISMATCH). Repeated COO indices are summed first.
+blocksize ([rows, cols], or one int for square blocks) is required for bsr/bsc and must divide
+the two compressed dimensions; a block is stored when any of its elements is, the others in it
+being zero. dense_dim (default: the input's) sets the trailing dense dimensions: fewer makes
+every element of a stored value a stored entry, more merges entries into dense values.
+Compressed results keep a compressed input's index dtype (int64 from COO, or where int32 cannot
+hold them). A COO result is coalesced (sorted, unique) unless a compressed input repeats an
+index within a segment; the same layout and blocksize returns the input unchanged.""",
+    args=[Arg("sp_input", SPARSE, "The input sparse tensor.", layouts=SPARSE_LAYOUTS),
+          Arg("layout", STRING, "Target layout: coo, csr, csc, bsr or bsc."),
+          Arg("blocksize", AXES, "Block shape [rows, cols] for bsr and bsc.", default=None),
+          Arg("dense_dim", OPTIONAL_INT, "Trailing dense dimensions of the result (default: the input's).",
+              default=None)],
+    outputs=[Output("output", "sparse", "The tensor in the target layout.")],
+    result_bytes=_convert_bytes,
+)
+def convert(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim: int | None = None) -> SparseTensor:
+    layout, blocksize, dense_dim = _plan(sp_input, layout, blocksize, dense_dim)
+    try:
+        return convert_layout(sp_input, layout, blocksize, dense_dim)
+    except BatchNseError as exc:
+        raise InvalidArgumentError(f"sp_input: {exc}", reason="BATCH_NSE_MISMATCH") from None
