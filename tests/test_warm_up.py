@@ -14,11 +14,12 @@ def test_ops_after_warm_up_compile_nothing_new():
         import numpy as np
         from numba.core.registry import CPUDispatcher
         from sparseserve import kernels, SparseTensor
-        from sparseserve.kernels import _sort, coo, elementwise, reduce, shape, structure
+        from sparseserve.kernels import _sort, compressed, coo, elementwise, linalg, reduce, shape, structure
         from sparseserve.server.ops import REGISTRY
 
         def signatures():
-            return {(m.__name__, n): len(d.signatures) for m in (_sort, coo, elementwise, reduce, shape, structure)
+            return {(m.__name__, n): len(d.signatures) for m in (_sort, compressed, coo, elementwise, linalg,
+                                                             reduce, shape, structure)
                     for n, d in vars(m).items() if isinstance(d, CPUDispatcher)}
 
         kernels.warm_up()
@@ -90,7 +91,7 @@ def test_ops_after_warm_up_compile_nothing_new():
             run("reshape", sp_input=hy, shape=[2, 2, 2, 3])
             run("slice", sp_input=st, start=[1, 1], size=[3, 9])
             run("slice", sp_input=hy, start=[1, 0, 1], size=[3, 2, 1])
-        compressed = [
+        compressed_inputs = [
             SparseTensor(layout="csr", compressed_indices=[0, 1, 3], plain_indices=[1, 0, 2], values=np.ones(3),
                          dense_shape=[2, 4]),
             SparseTensor(layout="csc", compressed_indices=[0, 1, 2, 3, 3], plain_indices=[1, 0, 1],
@@ -101,7 +102,7 @@ def test_ops_after_warm_up_compile_nothing_new():
                          values=np.ones((2, 2, 1)), dense_shape=[2, 4], blocksize=[2, 1]),
             SparseTensor(layout="csr", compressed_indices=[[0, 1, 3], [0, 1, 3]], plain_indices=[[1, 0, 2], [1, 0, 2]],
                          values=np.ones((2, 3)), dense_shape=[2, 2, 4])]
-        for c in compressed:
+        for c in compressed_inputs:
             run("transpose", sp_input=c)
             run("reshape", sp_input=c, shape=[-1])
             run("slice", sp_input=c, start=[0] * c.ndim, size=[1] * c.ndim)
@@ -111,6 +112,49 @@ def test_ops_after_warm_up_compile_nothing_new():
             run("transpose", sp_input=big, perm=[2, 0, 1])
             run("reshape", sp_input=big, shape=[3600, -1])
             run("slice", sp_input=big, start=[10, 20, 30], size=[500, 500, 500])
+        layouts = ("coo", "csr", "csc", "bsr", "bsc")
+
+        def to(t, layout):
+            return run("convert", sp_input=t, layout=layout,
+                       **({"blocksize": [2, 2]} if layout in ("bsr", "bsc") else {}))[0]
+
+        for dtype in ("float64", "int8", "bool", "float16", "complex128", "uint64"):
+            small = SparseTensor(indices=[[2, 1], [0, 3], [2, 0]], values=np.ones(3, dtype), dense_shape=[4, 6])
+            big = SparseTensor(indices=rng.integers(0, 600, (2 * PARALLEL_MIN, 2)),
+                               values=np.ones(2 * PARALLEL_MIN, dtype), dense_shape=[600, 600])
+            for t in (small, run("coalesce", sp_input=big)[0]):
+                for source in layouts:
+                    s = to(t, source)
+                    for target in layouts:
+                        to(s, target)
+            for t in (small, big):
+                c = to(t, "csr")
+                c32 = SparseTensor(layout="csr", compressed_indices=c.compressed_indices.astype("int32"),
+                                   plain_indices=c.plain_indices.astype("int32"), values=c.values,
+                                   dense_shape=c.dense_shape)
+                for target in layouts:
+                    to(c32, target)
+        for dtype in ("float64", "float32", "int32", "int8", "float16", "complex128", "uint64"):
+            for n in (6, 2 * PARALLEL_MIN):
+                diag = SparseTensor(indices=np.repeat(np.arange(n), 2).reshape(n, 2), values=np.ones(n, dtype),
+                                    dense_shape=[n, n])
+                for index in ("int64", "int32"):
+                    csr = to(diag, "csr")
+                    csr = SparseTensor(layout="csr", compressed_indices=csr.compressed_indices.astype(index),
+                                       plain_indices=csr.plain_indices.astype(index), values=csr.values,
+                                       dense_shape=csr.dense_shape)
+                    csc = to(csr, "csc")
+                    for a in (csr, csc, diag):
+                        for adjoint in (False, True):
+                            run("matmul", a=a, b=np.ones(n, dtype), adjoint_a=adjoint)
+                            run("matmul", a=a, b=np.ones((n, 3), dtype), adjoint_a=adjoint)
+                            run("matmul", a=np.ones((2, n), dtype), b=a, adjoint_b=adjoint)
+                        run("matmul", a=a, b=a)
+                        run("sampled_addmm", input=a, mat1=np.ones((n, 2), dtype), mat2=np.ones((2, n), dtype))
+            batched = SparseTensor(indices=[[0, 1, 1], [1, 0, 2]], values=np.ones(2, dtype), dense_shape=[2, 3, 3])
+            batched = to(batched, "csr")
+            run("matmul", a=batched, b=np.ones((2, 3, 2), dtype))
+            run("sampled_addmm", input=batched, mat1=np.ones((2, 3, 2), dtype), mat2=np.ones((2, 2, 3), dtype))
         grown = {k: (before.get(k, 0), v) for k, v in signatures().items() if v != before.get(k, 0)}
         print("GROWN", grown)
     """)

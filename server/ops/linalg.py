@@ -1,0 +1,403 @@
+"""Linear algebra: ``matmul`` (SpMV, SpMM, dense @ sparse, SpGEMM) and ``sampled_addmm`` (SDDMM).
+
+Arguments follow TensorFlow (tf.sparse.sparse_dense_matmul, tf.linalg.matmul's
+adjoint_a/adjoint_b) and PyTorch (torch.sparse.sampled_addmm). Every layout is
+reduced here to the CSR arrays of a matrix or of its transpose (a CSC is the
+CSR of the transpose, so it is read as it is); batches become one
+block-diagonal matrix, so the kernels in ``kernels/linalg.py`` see 2-D CSR only.
+Values are computed in a wider dtype where the kernels are not compiled for
+the input's (small integers in int64, float16 in float32) and cast back, which
+wraps integers exactly as a native product would.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from sparseserve._tensor import SparseTensor
+from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.kernels import compressed as ck
+from sparseserve.kernels import linalg as lk
+
+from ..argtypes import BOOL, SCALAR, TENSOR
+from ..registry import REGISTRY, Arg, Output
+from ._common import cast_scalar
+from ._layouts import as_coo, as_csr
+
+SPARSE = ("coo", "csr", "csc", "bsr", "bsc")
+INT32_MAX = np.iinfo(np.int32).max
+
+
+# ------------------------------------------------------------------ dtypes
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the kernels run in for ``dtype`` (bool is refused before this)."""
+    if dtype.name in lk.COMPUTE_DTYPES:
+        return dtype
+    if dtype == np.float16:
+        return np.dtype(np.float32)
+    return np.dtype(np.int64)  # narrower integers and uint64 wrap identically in int64
+
+
+def _to_compute(a: np.ndarray) -> np.ndarray:
+    dtype = _compute_dtype(a.dtype)
+    if a.dtype == np.uint64:
+        return np.ascontiguousarray(a).view(np.int64)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _from_compute(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if a.dtype == dtype:
+        return a
+    if dtype == np.uint64:
+        return a.view(np.uint64)
+    with np.errstate(all="ignore"):
+        return a.astype(dtype)
+
+
+def _conj(a: np.ndarray) -> np.ndarray:
+    return np.conj(a) if a.dtype.kind == "c" else a
+
+
+def _check_dtypes(x, y, x_name: str, y_name: str, op: str) -> np.dtype:
+    if x.dtype != y.dtype:
+        raise InvalidArgumentError(f"{x_name} has dtype {x.dtype} and {y_name} has dtype {y.dtype}; "
+                                   f"{op} needs one dtype (cast one of them)", reason="DTYPE_MISMATCH")
+    if x.dtype == np.bool_:
+        raise UnimplementedError(f"{op} does not support bool; cast the values to a number type",
+                                 reason="UNSUPPORTED_DTYPE")
+    return x.dtype
+
+
+def _shape_of(t) -> list[int]:
+    return [int(d) for d in (t.dense_shape if isinstance(t, SparseTensor) else t.shape)]
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out
+
+
+# ------------------------------------------------------------------ sparse operands
+class Rep(NamedTuple):
+    """CSR arrays of the block-diagonal matrix of a (batched) sparse matrix, or of its
+    transpose (``transposed``: the arrays are a CSC's); ``m`` x ``n`` is one batch's matrix."""
+
+    ptr: np.ndarray
+    idx: np.ndarray
+    vals: np.ndarray
+    transposed: bool
+    batch: tuple[int, ...]
+    m: int
+    n: int
+
+
+def _matrix_dims(t: SparseTensor, name: str, op: str) -> tuple[tuple[int, ...], int, int]:
+    if t.dense_ndim:
+        raise UnimplementedError(f"{op} does not support hybrid tensors: {name} has {t.dense_ndim} dense "
+                                 "dimensions; convert it with dense_dim=0 first", reason="UNSUPPORTED_HYBRID")
+    if t.ndim < 2:
+        raise InvalidArgumentError(f"{name} has shape {_shape_of(t)}; {op} needs a matrix or a batch of "
+                                   "matrices (rank 2 or more)", reason="RANK")
+    shape = t.dense_shape
+    return tuple(int(d) for d in shape[:-2]), int(shape[-2]), int(shape[-1])
+
+
+def _flat_compressed(t: SparseTensor, n_plain: int):
+    """(ptr, idx, vals) of a CSR/CSC's batches as one block-diagonal matrix; an unbatched
+    tensor's arrays as they are (int32 stays int32)."""
+    n_batch = _prod(t.dense_shape[:t.batch_ndim])
+    ci = t.compressed_indices.reshape(n_batch, t.compressed_indices.shape[-1])
+    pi = t.plain_indices.reshape(n_batch, t.plain_indices.shape[-1])
+    vals = t.values.reshape(-1)
+    if t.batch_ndim == 0:
+        return ci[0], pi[0], vals
+    nse = pi.shape[1]
+    offsets = np.arange(n_batch, dtype=np.int64)[:, None]
+    ptr = np.empty(n_batch * (ci.shape[1] - 1) + 1, np.int64)
+    ptr[:-1] = (ci[:, :-1] + offsets * nse).ravel()
+    ptr[-1] = n_batch * nse
+    return ptr, (pi + offsets * n_plain).ravel(), vals
+
+
+def _flat_coo(t: SparseTensor, batch, m: int, n: int) -> SparseTensor:
+    """A batched COO [*batch, m, n] as its 2-D block-diagonal matrix."""
+    indices = t.indices
+    b = np.ravel_multi_index(tuple(indices[:, :-2].T), batch) if indices.shape[0] else \
+        np.zeros(0, np.int64)
+    n_batch = _prod(batch)
+    flat = np.stack([b * m + indices[:, -2], b * n + indices[:, -1]], axis=1).astype(np.int64)
+    return SparseTensor(indices=flat, values=t.values, dense_shape=[n_batch * m, n_batch * n])
+
+
+def _rep(t: SparseTensor, name: str, op: str) -> Rep:
+    batch, m, n = _matrix_dims(t, name, op)
+    if t.layout in ("bsr", "bsc"):
+        t = as_coo(t)  # every element of a stored block is a stored entry; batches lead
+    if t.layout == "coo":
+        csr = as_csr(_flat_coo(t, batch, m, n) if batch else t)
+        ptr, idx, vals = csr.compressed_indices, csr.plain_indices, csr.values
+        return Rep(ptr, idx, _to_compute(vals), False, batch, m, n)
+    transposed = t.layout == "csc"
+    ptr, idx, vals = _flat_compressed(t, m if transposed else n)
+    return Rep(ptr, idx, _to_compute(vals), transposed, batch, m, n)
+
+
+def _transpose_arrays(ptr, idx, vals, n_plain: int):
+    """CSR arrays of the transpose (a counting sort; index dtype kept)."""
+    ci, pi, perm = ck.transpose(ptr.reshape(1, -1), idx.reshape(1, -1), n_plain)
+    return ci.reshape(-1), pi.reshape(-1), vals[perm]
+
+
+def _csr_of_op(rep: Rep, adjoint: bool):
+    """(ptr, idx, vals) of the 2-D matrix op(M): M, or M^H with ``adjoint``."""
+    ptr, idx, vals = rep.ptr, rep.idx, rep.vals
+    if rep.transposed != adjoint:
+        ptr, idx, vals = _transpose_arrays(ptr, idx, vals, rep.n if not rep.transposed else rep.m)
+    return ptr, idx, (_conj(vals) if adjoint else vals)
+
+
+# ------------------------------------------------------------------ sparse @ dense
+def _sparse_dense(rep: Rep, want_t: bool, conj: bool, x: np.ndarray) -> np.ndarray:
+    """op(M) @ x with op(M) = M, M^T, conj(M) or M^H; x [*batch, inner, k] or [inner] (checked)."""
+    rows, inner = (rep.n, rep.m) if want_t else (rep.m, rep.n)
+    n_batch = _prod(rep.batch)
+    vals = _conj(rep.vals) if conj else rep.vals
+    ptr, idx = rep.ptr, rep.idx
+    gather = rep.transposed == want_t
+    n_out = n_batch * rows
+    k = 1 if x.ndim == 1 else int(x.shape[-1])
+    if not gather and not lk.scatter_pays(vals.size, n_out, k, vals.itemsize, idx.itemsize):
+        ptr, idx, vals = _transpose_arrays(ptr, idx, vals, n_out)
+        gather = True
+    if x.ndim == 1:
+        return lk.spmv(ptr, idx, vals, x, n_out, not gather)
+    y = lk.spmm(ptr, idx, vals, x.reshape(n_batch * inner, k), n_out, not gather)
+    return y.reshape(*rep.batch, rows, k)
+
+
+def _check_dense_operand(x: np.ndarray, x_name: str, inner: int, batch, s_name: str, s_shape,
+                         x_adjoint: bool, op_desc: str) -> None:
+    """x must be [inner] (no batch, no adjoint) or [*batch, inner, k] after its own adjoint."""
+    if x.ndim == 0:
+        raise InvalidArgumentError(f"{x_name} is a scalar; matmul needs a vector or a matrix", reason="RANK")
+    if x.ndim == 1:
+        if x_adjoint:
+            raise InvalidArgumentError(f"{x_name} is a vector (shape {_shape_of(x)}); adjoint needs a matrix",
+                                       reason="RANK")
+        if batch:
+            raise InvalidArgumentError(f"{x_name} is a vector but {s_name} is batched (shape {list(s_shape)}); "
+                                       f"give {x_name} the batch dimensions {list(batch)}", reason="SHAPE_MISMATCH")
+        got_inner, got_batch = x.shape[0], ()
+    else:
+        got_batch = tuple(int(d) for d in x.shape[:-2])
+        got_inner = x.shape[-1] if x_adjoint else x.shape[-2]
+    if got_batch != tuple(batch) or got_inner != inner:
+        raise InvalidArgumentError(
+            f"{op_desc}: {s_name} has shape {list(s_shape)} and {x_name} has shape {_shape_of(x)}, which do not "
+            "multiply (inner dimensions must agree and batch dimensions be equal)", reason="SHAPE_MISMATCH")
+
+
+def _sparse_times_dense(a: SparseTensor, b: np.ndarray, adjoint_a: bool, adjoint_b: bool) -> np.ndarray:
+    rep = _rep(a, "a", "matmul")
+    _check_dense_operand(b, "b", rep.m if adjoint_a else rep.n, rep.batch, "a", a.dense_shape, adjoint_b,
+                         "op(a) @ op(b)")
+    x = np.conj(np.swapaxes(b, -1, -2)) if adjoint_b else b
+    y = _sparse_dense(rep, adjoint_a, adjoint_a, _to_compute(x))
+    return _from_compute(y, a.dtype)
+
+
+def _dense_times_sparse(a: np.ndarray, b: SparseTensor, adjoint_a: bool, adjoint_b: bool) -> np.ndarray:
+    """op(a) @ op(b) computed as (op(b)^T @ op(a)^T)^T: op(b)^T is b^T, or conj(b) when adjoint_b."""
+    rep = _rep(b, "b", "matmul")
+    inner = rep.n if adjoint_b else rep.m
+    if a.ndim == 1:  # a row vector: op(b)^T @ a
+        _check_dense_operand(a, "a", inner, rep.batch, "b", b.dense_shape, adjoint_a, "op(a) @ op(b)")
+        return _from_compute(_sparse_dense(rep, not adjoint_b, adjoint_b, _to_compute(a)), a.dtype)
+    # op(a)^T [*batch, inner, rows]: a's last two dims swapped, or conj(a) when adjoint_a.
+    _check_dense_operand(a, "a", inner, rep.batch, "b", b.dense_shape, not adjoint_a, "op(a) @ op(b)")
+    at = np.conj(a) if adjoint_a else np.swapaxes(a, -1, -2)
+    yt = _sparse_dense(rep, not adjoint_b, adjoint_b, _to_compute(at))
+    return _from_compute(np.ascontiguousarray(np.swapaxes(yt, -1, -2)), a.dtype)
+
+
+# ------------------------------------------------------------------ sparse @ sparse
+def _sparse_times_sparse(a: SparseTensor, b: SparseTensor, adjoint_a: bool, adjoint_b: bool) -> SparseTensor:
+    ra, rb = _rep(a, "a", "matmul"), _rep(b, "b", "matmul")
+    if ra.batch or rb.batch:
+        raise UnimplementedError(f"matmul of two sparse tensors needs 2-D matrices; a has shape "
+                                 f"{_shape_of(a)} and b has shape {_shape_of(b)}", reason="UNSUPPORTED_BATCH")
+    p, q = (ra.n, ra.m) if adjoint_a else (ra.m, ra.n)
+    q2, r = (rb.n, rb.m) if adjoint_b else (rb.m, rb.n)
+    if q != q2:
+        raise InvalidArgumentError(
+            f"op(a) @ op(b): a has shape {_shape_of(a)} and b has shape {_shape_of(b)}, which do not multiply "
+            f"(op(a) has {q} columns, op(b) has {q2} rows)", reason="SHAPE_MISMATCH")
+    a_ptr, a_idx, a_vals = _csr_of_op(ra, adjoint_a)
+    b_ptr, b_idx, b_vals = _csr_of_op(rb, adjoint_b)
+    index = np.result_type(a_idx.dtype, b_idx.dtype)  # one index dtype: one compiled signature
+    a_ptr, a_idx, b_ptr, b_idx = (v.astype(index, copy=False) for v in (a_ptr, a_idx, b_ptr, b_idx))
+    c_ptr, c_idx, c_vals = lk.spgemm(a_ptr, a_idx, a_vals, b_ptr, b_idx, b_vals, r, index)
+    values = _from_compute(c_vals, a.dtype)
+    if a.layout == "csr":
+        return SparseTensor(layout="csr", compressed_indices=c_ptr, plain_indices=c_idx, values=values,
+                            dense_shape=[p, r], coalesced=True)
+    rows = np.repeat(np.arange(p, dtype=np.int64), np.diff(c_ptr))
+    indices = np.stack([rows, c_idx.astype(np.int64, copy=False)], axis=1)
+    return SparseTensor(indices=indices, values=values, dense_shape=[p, r], coalesced=True)
+
+
+# ------------------------------------------------------------------ result sizes
+def _axis_counts(t: SparseTensor, axis: int) -> np.ndarray:
+    """Stored entries of a 2-D sparse matrix per row (axis 0) or per column (axis 1)."""
+    dim = int(t.dense_shape[axis])
+    if t.layout == "coo":
+        return np.bincount(t.indices[:, axis], minlength=dim)
+    block = tuple(int(v) for v in t.blocksize) if t.blocksize is not None else (1, 1)
+    compressed_axis = 0 if t.layout in ("csr", "bsr") else 1
+    if axis == compressed_axis:
+        per_group = np.diff(t.compressed_indices.astype(np.int64))
+    else:
+        per_group = np.bincount(t.plain_indices, minlength=dim // block[axis])
+    # each stored block holds block[1 - axis] elements of each of its block[axis] lines
+    return np.repeat(per_group * block[1 - axis], block[axis])
+
+
+def _op_dims(shape, adjoint: bool) -> tuple[int, int]:
+    return (shape[-1], shape[-2]) if adjoint else (shape[-2], shape[-1])
+
+
+def _matmul_bytes(a, b, adjoint_a=False, adjoint_b=False, **_) -> int:
+    """Output bytes: exact for a dense result; for sparse @ sparse an upper bound, the products
+    sum_j nnz(op(a)[:, j]) * nnz(op(b)[j, :]) capped at the dense size, plus the indices."""
+    try:
+        a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
+        itemsize = a.dtype.itemsize
+        sa, sb = _shape_of(a), _shape_of(b)
+        if a_sparse and b_sparse:
+            if len(sa) != 2 or len(sb) != 2 or a.dense_ndim or b.dense_ndim:
+                return 0  # refused by the op itself
+            p, r = (sa[1] if adjoint_a else sa[0]), (sb[0] if adjoint_b else sb[1])
+            inner_a = _axis_counts(a, 0 if adjoint_a else 1).astype(np.float64)
+            inner_b = _axis_counts(b, 1 if adjoint_b else 0).astype(np.float64)
+            if inner_a.size != inner_b.size:
+                return 0
+            bound = min(float(inner_a @ inner_b), float(p) * float(r))
+            return int(bound) * (itemsize + 16) + 8 * (p + 1)
+        sparse_shape, dense_shape = (sa, sb) if a_sparse else (sb, sa)
+        if len(sparse_shape) < 2 or len(dense_shape) < 1:
+            return 0
+        rows = _op_dims(sa, adjoint_a)[0] if len(sa) > 1 else 1  # a vector contributes no dimension
+        cols = _op_dims(sb, adjoint_b)[1] if len(sb) > 1 else 1
+        return _prod(sparse_shape[:-2]) * rows * cols * itemsize
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return 0
+
+
+# ------------------------------------------------------------------ matmul
+@REGISTRY.op(
+    "matmul",
+    doc="""Matrix product op(a) @ op(b) with at least one sparse operand (tf.sparse.sparse_dense_matmul,
+tf.linalg.matmul's adjoint flags, torch.sparse.mm). op(x) is x, or with adjoint_x its conjugate transpose
+(complex values conjugated). Either side may be sparse (COO, CSR, CSC, BSR, BSC; no hybrid dimensions).
+sparse @ dense vector [n] -> dense vector (SpMV); sparse @ dense matrix [n, k] -> dense [m, k] (SpMM);
+dense @ sparse likewise (a dense vector on the left is a row vector).
+Batched: a sparse [*batch, m, n] (compressed layouts with batch dimensions, or COO with leading sparse
+dimensions) times a dense [*batch, n, k] with the same batch dimensions -> dense [*batch, m, k].
+sparse @ sparse -> sparse (SpGEMM, 2-D only): CSR when a is CSR (int32 indices when both operands'
+indices are int32 and the result fits, else int64), otherwise coalesced COO; columns ascend in each row and explicit zeros from cancellation are
+kept. Its size is bounded before anything is allocated (the sum over the inner dimension of the entry
+counts' products, at most the dense size) and refused past --max-result-bytes.
+Both operands must have one dtype; every number dtype works except bool (UNIMPLEMENTED); integers wrap
+as numpy's matmul does, float16 is accumulated in float32. dense @ dense is UNIMPLEMENTED (not sparse work).""",
+    args=[Arg("a", TENSOR, "Left operand: sparse [*batch, m, n], or dense [m, n] / [*batch, m, n] / [n].",
+              layouts=(*SPARSE, "dense")),
+          Arg("b", TENSOR, "Right operand: dense [n] / [n, k] / [*batch, n, k], or sparse [n, k].",
+              layouts=(*SPARSE, "dense")),
+          Arg("adjoint_a", BOOL, "Use the conjugate transpose of a (its last two dimensions).", default=False),
+          Arg("adjoint_b", BOOL, "Use the conjugate transpose of b (its last two dimensions).", default=False)],
+    outputs=[Output("output", "sparse", "Dense for sparse @ dense and dense @ sparse; sparse (CSR or COO) "
+                    "for sparse @ sparse.")],
+    result_bytes=_matmul_bytes,
+)
+def matmul(a, b, adjoint_a: bool = False, adjoint_b: bool = False):
+    a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
+    if not a_sparse and not b_sparse:
+        raise UnimplementedError("matmul needs at least one sparse operand; for dense @ dense use a dense "
+                                 "library", reason="UNSUPPORTED_LAYOUT")
+    _check_dtypes(a, b, "a", "b", "matmul")
+    if a_sparse and b_sparse:
+        return _sparse_times_sparse(a, b, adjoint_a, adjoint_b)
+    if a_sparse:
+        return _sparse_times_dense(a, b, adjoint_a, adjoint_b)
+    return _dense_times_sparse(a, b, adjoint_a, adjoint_b)
+
+
+# ------------------------------------------------------------------ sampled_addmm
+def _entries(t: SparseTensor, batch, m: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column of every stored entry in the block-diagonal matrix of the batches
+    (int64, in storage order)."""
+    if t.layout == "coo":
+        indices = t.indices
+        b = np.ravel_multi_index(tuple(indices[:, :-2].T), batch) if batch and indices.shape[0] else 0
+        return (b * m + indices[:, -2]).astype(np.int64), (b * n + indices[:, -1]).astype(np.int64)
+    transposed = t.layout == "csc"
+    ptr, idx, _ = _flat_compressed(t, m if transposed else n)
+    n_compressed = ptr.size - 1
+    major = np.repeat(np.arange(n_compressed, dtype=np.int64), np.diff(ptr.astype(np.int64)))
+    minor = idx.astype(np.int64)
+    if transposed:  # global column b * n + j from the compressed side; rows from the plain side
+        return minor, major
+    return major, minor
+
+
+def _sddmm_bytes(input, **_) -> int:
+    return int(input.nbytes) if isinstance(input, SparseTensor) else 0
+
+
+@REGISTRY.op(
+    "sampled_addmm",
+    doc="""beta * input + alpha * (mat1 @ mat2) at input's stored entries only (torch.sparse.sampled_addmm,
+SDDMM): the result has input's layout, indices and order, every stored entry (a repeated one too)
+computed on its own. input is CSR, CSC or COO [*batch, m, n] (no hybrid dimensions); mat1 is dense
+[*batch, m, d] and mat2 dense [*batch, d, n] with the same batch dimensions. With beta = 0, input's values
+are not read (nan and inf in them do not propagate), as in PyTorch. One dtype for all three; bool is
+UNIMPLEMENTED. alpha and beta must be representable in that dtype (INVALID_ARGUMENT otherwise).""",
+    args=[Arg("input", TENSOR, "The sparse matrix whose entries are sampled and added.",
+              layouts=("coo", "csr", "csc")),
+          Arg("mat1", TENSOR, "Dense [*batch, m, d].", layouts=("dense",)),
+          Arg("mat2", TENSOR, "Dense [*batch, d, n].", layouts=("dense",)),
+          Arg("beta", SCALAR, "Multiplier of input.", default=1),
+          Arg("alpha", SCALAR, "Multiplier of mat1 @ mat2.", default=1)],
+    outputs=[Output("output", "sparse", "input's structure with the new values.")],
+    result_bytes=_sddmm_bytes,
+)
+def sampled_addmm(input: SparseTensor, mat1: np.ndarray, mat2: np.ndarray, beta=1, alpha=1) -> SparseTensor:
+    dtype = _check_dtypes(input, mat1, "input", "mat1", "sampled_addmm")
+    _check_dtypes(input, mat2, "input", "mat2", "sampled_addmm")
+    batch, m, n = _matrix_dims(input, "input", "sampled_addmm")
+    ok = mat1.ndim == mat2.ndim == input.ndim and tuple(mat1.shape[:-2]) == batch == tuple(mat2.shape[:-2]) \
+        and mat1.shape[-2] == m and mat2.shape[-1] == n and mat1.shape[-1] == mat2.shape[-2]
+    if not ok:
+        raise InvalidArgumentError(
+            f"input has shape {_shape_of(input)}, mat1 {_shape_of(mat1)} and mat2 {_shape_of(mat2)}; they must be "
+            "[*batch, m, n], [*batch, m, d] and [*batch, d, n]", reason="SHAPE_MISMATCH")
+    alpha_c = _to_compute(np.asarray([cast_scalar(alpha, dtype, "alpha")], dtype))[0]
+    beta_c = _to_compute(np.asarray([cast_scalar(beta, dtype, "beta")], dtype))[0]
+    rows, cols = _entries(input, batch, m, n)
+    d = int(mat1.shape[-1])
+    n_batch = _prod(batch)
+    m1 = _to_compute(mat1).reshape(n_batch * m, d)
+    m2t = _to_compute(np.swapaxes(mat2, -1, -2)).reshape(n_batch * n, d)
+    vals = _to_compute(input.values).reshape(-1)
+    out = _from_compute(lk.sddmm(rows, cols, vals, m1, m2t, alpha_c, beta_c, bool(beta_c != 0)), dtype)
+    out = out.reshape(input.values.shape)
+    if input.layout == "coo":
+        return SparseTensor(indices=input.indices, values=out, dense_shape=input.dense_shape,
+                            coalesced=input.coalesced)
+    return SparseTensor(layout=input.layout, compressed_indices=input.compressed_indices,
+                        plain_indices=input.plain_indices, values=out, dense_shape=input.dense_shape,
+                        coalesced=input.coalesced)
