@@ -1,0 +1,442 @@
+"""Same-host transfers through shared memory: ``put``/``get`` with ``shared_memory=True``.
+
+Round trips of every layout and dtype (and through the other path: shared-memory put, then
+a streamed get, and back), segments gone from /dev/shm after each call, a client killed
+before claiming its segment, hostile PutShared requests, and the TTL bookkeeping of the
+server's ``SharedSegments`` in-process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseserve import (Client, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
+                         SparseTensor, UnavailableError, UnimplementedError)
+from sparseserve import _shm
+from sparseserve._codec import tensor_to_pb
+from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.v1 import sparseserve_pb2 as pb
+from conftest import ServerProcess, make_client
+
+SHM_DIR = "/dev/shm"
+pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="needs POSIX shared memory in /dev/shm")
+
+
+def segments() -> set[str]:
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("sparseserve-")}
+
+
+@pytest.fixture
+def grpc_client(server):
+    with Client(server.grpc_target) as c:
+        yield c
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test when it leaves a sparseserve segment behind."""
+    before = segments()
+    yield
+    assert segments() - before == set()
+
+
+def assert_same(a, b):
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and b.dtype == a.dtype and b.shape == a.shape
+        np.testing.assert_array_equal(b, a)
+        return
+    assert isinstance(b, SparseTensor)
+    assert (b.layout, b.dense_shape, b.coalesced) == (a.layout, a.dense_shape, a.coalesced)
+    assert (b.blocksize is None) == (a.blocksize is None)
+    if a.blocksize is not None:
+        assert tuple(b.blocksize) == tuple(a.blocksize)
+    for x, y in zip(a.arrays(), b.arrays()):
+        assert y.dtype == x.dtype and y.shape == x.shape
+        np.testing.assert_array_equal(y, x)
+
+
+def values_of(rng, shape, dtype):
+    dtype = np.dtype(dtype)
+    raw = rng.integers(0 if dtype.kind in "ub" else -50, 50, size=shape)
+    if dtype.kind == "b":
+        return (raw % 2).astype(bool)
+    if dtype.kind == "c":
+        return (raw + 1j * rng.integers(-50, 50, size=shape)).astype(dtype)
+    return raw.astype(dtype)
+
+
+def coo(rng, dense_shape, nnz, dtype=np.float64, dense_dims=0):
+    sparse = dense_shape[:len(dense_shape) - dense_dims]
+    indices = np.stack([rng.integers(0, d, nnz) for d in sparse], axis=1) if nnz else np.zeros((0, len(sparse)))
+    return SparseTensor(indices=indices.astype(np.int64),
+                        values=values_of(rng, (nnz, *dense_shape[len(sparse):]), dtype), dense_shape=dense_shape)
+
+
+def examples():
+    rng = np.random.default_rng(3)
+    return {
+        "coo": coo(rng, [50, 40], 300),
+        "coo-coalesced": SparseTensor(indices=[[0, 1], [1, 0]], values=[3.0, 4.0], dense_shape=[2, 2],
+                                      coalesced=True),
+        "hybrid": coo(rng, [20, 30, 3, 2], 100, np.float32, dense_dims=2),
+        "csr-int32": SparseTensor(layout="csr", compressed_indices=np.array([0, 2, 2, 3], np.int32),
+                                  plain_indices=np.array([0, 3, 1], np.int32), values=[1.5, 2.5, 3.5],
+                                  dense_shape=[3, 4]),
+        "csc": SparseTensor(layout="csc", compressed_indices=[0, 1, 1, 3], plain_indices=[2, 0, 1],
+                            values=np.array([1, 2, 3], np.int16), dense_shape=[3, 3]),
+        "batched-csr": SparseTensor(layout="csr", compressed_indices=[[0, 1, 2], [0, 0, 2]],
+                                    plain_indices=[[1, 0], [0, 1]], values=[[1.0, 2.0], [3.0, 4.0]],
+                                    dense_shape=[2, 2, 2]),
+        "bsr": SparseTensor(layout="bsr", compressed_indices=[0, 1, 2], plain_indices=[1, 0],
+                            values=np.arange(8, dtype=np.complex64).reshape(2, 2, 2), dense_shape=[4, 4],
+                            blocksize=[2, 2]),
+        "dense": np.arange(24, dtype=np.float64).reshape(2, 3, 4),
+        "dense-0d": np.array(7, np.int8),
+        "empty-coo": SparseTensor(indices=np.zeros((0, 2), np.int64), values=[], dense_shape=[5, 6]),
+        "empty-csr": SparseTensor(layout="csr", compressed_indices=[0, 0, 0], plain_indices=[], values=[],
+                                  dense_shape=[2, 3]),
+        "empty-dense": np.zeros((0, 3), np.uint16),
+        **{f"dtype-{d}": coo(rng, [7, 9], 12, d) for d in DTYPE_NAMES},
+    }
+
+
+EXAMPLES = examples()
+
+
+# ------------------------------------------------------------------ round trips
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_round_trip_and_no_segment_left(grpc_client, no_leaks, name):
+    tensor = EXAMPLES[name]
+    remote = grpc_client.put(tensor, shared_memory=True)
+    assert remote.nbytes == (tensor.nbytes if isinstance(tensor, SparseTensor) else tensor.nbytes)
+    assert_same(tensor, grpc_client.get(remote, shared_memory=True))
+    # The server kept exactly that tensor: the streamed path reads the same.
+    assert_same(tensor, grpc_client.get(remote))
+    grpc_client.delete(remote)
+
+
+@pytest.mark.parametrize("name", ["hybrid", "bsr", "dense"])
+def test_streamed_put_then_shared_get(grpc_client, no_leaks, name):
+    tensor = EXAMPLES[name]
+    remote = grpc_client.put(tensor)
+    assert_same(tensor, grpc_client.get(remote.handle, shared_memory=True))
+    grpc_client.delete(remote)
+
+
+def test_results_are_writable_copies(grpc_client, no_leaks):
+    """What comes back owns its memory: the segment is gone, and writing to it is the caller's business."""
+    tensor = EXAMPLES["coo"]
+    remote = grpc_client.put(tensor, shared_memory=True)
+    back = grpc_client.get(remote, shared_memory=True)
+    back.values[0] += 1
+    assert_same(tensor, grpc_client.get(remote, shared_memory=True))
+    grpc_client.delete(remote)
+
+
+def test_big_endian_input_arrives_native(grpc_client, no_leaks):
+    tensor = SparseTensor(indices=np.array([[0], [2]], ">i8"), values=np.array([1.5, -2.0], ">f8"),
+                          dense_shape=[3])
+    back = grpc_client.get(grpc_client.put(tensor, shared_memory=True), shared_memory=True)
+    assert back.values.dtype == np.float64 and back.indices.dtype == np.int64
+    np.testing.assert_array_equal(back.values, [1.5, -2.0])
+    np.testing.assert_array_equal(back.indices, [[0], [2]])
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), dense_dims=st.integers(0, 2),
+       nnz=st.integers(0, 40), dtype=st.sampled_from(DTYPE_NAMES), seed=st.integers(0, 2 ** 32 - 1))
+def test_random_coo_round_trips(server, shape, dense_dims, nnz, dtype, seed):
+    dense_dims = min(dense_dims, len(shape) - 1)
+    tensor = coo(np.random.default_rng(seed), shape, nnz, dtype, dense_dims)
+    before = segments()
+    with Client(server.grpc_target) as c:
+        back = c.get(c.put(tensor, shared_memory=True), shared_memory=True)
+    assert_same(tensor, back)
+    np.testing.assert_array_equal(back.to_dense(), tensor.to_dense())
+    assert segments() - before == set()
+
+
+def test_tensor_over_64_mib(grpc_client, no_leaks):
+    nnz = (70 << 20) // 24
+    rng = np.random.default_rng(11)
+    indices = np.stack([np.arange(nnz) // 1000, rng.integers(0, 1000, nnz)], axis=1)
+    tensor = SparseTensor(indices=indices, values=rng.standard_normal(nnz), dense_shape=[nnz // 1000 + 1, 1000])
+    remote = grpc_client.put(tensor, shared_memory=True)
+    assert remote.nbytes == tensor.nbytes > 64 << 20
+    assert_same(tensor, grpc_client.get(remote, shared_memory=True))
+    grpc_client.delete(remote)
+
+
+# ------------------------------------------------------------------ errors
+def test_invalid_tensor_is_refused_and_leaves_nothing(grpc_client, no_leaks):
+    bad = SparseTensor(indices=[[0, 5]], values=[1.0], dense_shape=[2, 2])  # column 5 of 2
+    with pytest.raises(InvalidArgumentError) as info:
+        grpc_client.put(bad, shared_memory=True)
+    assert info.value.reason == "INDEX_OUT_OF_RANGE", info.value
+
+
+def test_unknown_handle(grpc_client, no_leaks):
+    with pytest.raises(NotFoundError):
+        grpc_client.get("h-" + "0" * 32, shared_memory=True)
+
+
+@pytest.mark.parametrize("wire", ["rest-protobuf", "rest-json"])
+def test_rest_client_is_refused(server, no_leaks, wire):
+    with make_client(server, wire) as c:
+        with pytest.raises(UnimplementedError) as info:
+            c.put(EXAMPLES["coo"], shared_memory=True)
+        assert info.value.reason == "SHARED_MEMORY_NEEDS_GRPC" and "gRPC" in info.value.message
+        with pytest.raises(UnimplementedError):
+            c.get("h-" + "0" * 32, shared_memory=True)
+
+
+def put_shared(client, segment: str, header: pb.Tensor):
+    return client._grpc(client._stub.PutShared, pb.SharedTensor(segment=segment, header=header))
+
+
+DENSE_HEADER = tensor_to_pb(np.zeros(4), with_data=False)
+
+
+@pytest.mark.parametrize("segment", [
+    "sparseserve-../../etc/passwd", "../sparseserve-" + "a" * 32, "/dev/shm/sparseserve-" + "a" * 32,
+    "sparseserve-" + "a" * 16 + "/" + "b" * 15, "sparseserve-" + "A" * 32, "sparseserve-" + "a" * 33,
+    "psm_0123abcd", "", "sparseserve-" + "a" * 32 + "\n", "sparseserve-" + "a" * 32 + "\x00"])
+def test_hostile_segment_names(grpc_client, segment):
+    with pytest.raises(InvalidArgumentError) as info:
+        put_shared(grpc_client, segment, DENSE_HEADER)
+    assert info.value.reason == "BAD_SEGMENT_NAME", info.value
+
+
+def test_nonexistent_segment(grpc_client):
+    with pytest.raises(NotFoundError) as info:
+        put_shared(grpc_client, _shm.new_segment_name(), DENSE_HEADER)
+    assert info.value.reason == "SEGMENT_NOT_FOUND" and "host" in info.value.message
+
+
+@pytest.fixture
+def small_segment():
+    """A real 64-byte segment, as a hostile client could make."""
+    shm = _shm.create_segment(64)
+    yield shm
+    _shm.close_segment(shm)
+    _shm.unlink_segment(shm.name)
+
+
+def test_header_announcing_more_than_the_segment(grpc_client, small_segment):
+    header = tensor_to_pb(SparseTensor(indices=np.zeros((100, 2), np.int64), values=np.zeros(100),
+                                       dense_shape=[4, 4]), with_data=False)
+    with pytest.raises(InvalidArgumentError) as info:
+        put_shared(grpc_client, small_segment.name, header)
+    assert info.value.reason == "BUFFER_LENGTH", info.value
+    assert small_segment.name not in segments()  # handed over: the server unlinked it
+
+
+def test_header_over_the_store_budget(grpc_client, small_segment):
+    header = pb.Tensor(dense=pb.Array(dtype=pb.FLOAT64, shape=[1 << 40]))
+    with pytest.raises(ResourceExhaustedError) as info:
+        put_shared(grpc_client, small_segment.name, header)
+    assert info.value.reason == "TENSOR_TOO_LARGE", info.value
+
+
+@pytest.mark.parametrize("header, reason", [
+    (pb.Tensor(handle="h-" + "0" * 32), "BAD_HEADER"),
+    (pb.Tensor(), "BAD_HEADER"),
+    (pb.Tensor(dense=pb.Array(dtype=pb.FLOAT64, shape=[1], data=b"\0" * 8)), "BAD_HEADER"),
+    (pb.Tensor(dense=pb.Array(dtype=pb.FLOAT64, shape=[-1])), "NEGATIVE_DIMENSION"),
+    (pb.Tensor(dense=pb.Array(dtype=999, shape=[1])), "BAD_DTYPE"),
+])
+def test_malformed_headers(grpc_client, small_segment, header, reason):
+    with pytest.raises(InvalidArgumentError) as info:
+        put_shared(grpc_client, small_segment.name, header)
+    assert info.value.reason == reason, info.value
+
+
+def test_server_keeps_serving_after_hostile_requests(server, grpc_client, no_leaks):
+    for segment in ("sparseserve-../x", _shm.new_segment_name()):
+        with pytest.raises((InvalidArgumentError, NotFoundError)):
+            put_shared(grpc_client, segment, DENSE_HEADER)
+    assert server.proc.poll() is None
+    assert_same(EXAMPLES["hybrid"], grpc_client.get(grpc_client.put(EXAMPLES["hybrid"], shared_memory=True),
+                                                    shared_memory=True))
+
+
+def test_segment_shrunk_mid_read_is_an_error_not_a_crash():
+    """Reads go through preadv: a segment shorter than announced comes back short, no SIGBUS."""
+    shm = _shm.create_segment(256)
+    try:
+        fd = _shm.open_segment(shm.name, "")
+        os.ftruncate(shm._fd, 100)
+        with pytest.raises(InvalidArgumentError) as info:
+            _shm.read_slot(fd, _shm.Slot("values", np.dtype(np.float64), (32,), 0, 256), shm.name)
+        assert info.value.reason == "BUFFER_LENGTH"
+        os.close(fd)
+    finally:
+        _shm.close_segment(shm)
+        _shm.unlink_segment(shm.name)
+
+
+# ------------------------------------------------------------------ unclaimed segments
+_DYING_CLIENT = """
+import os, signal, sys
+import numpy as np
+from sparseserve import Client
+from sparseserve.v1 import sparseserve_pb2 as pb
+c = Client(sys.argv[1])
+handle = c.put(np.arange(1000.0)).handle
+reply = c._stub.GetShared(pb.Handle(handle=handle))
+print(reply.segment, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_segment_of_a_killed_client_is_reaped_within_the_ttl(tmp_path):
+    srv = ServerProcess("--shm-ttl", "1")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _DYING_CLIENT, srv.grpc_target], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        name = proc.stdout.strip()
+        assert _shm.SEGMENT_NAME.match(name)
+        assert name in segments()  # written, never claimed
+        # No further call reaches the server: its timer thread alone must remove the segment.
+        deadline = time.monotonic() + 10
+        while name in segments() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert name not in segments()
+        assert "not claimed" in srv.log()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_shutdown_unlinks_pending_segments():
+    srv = ServerProcess("--shm-ttl", "600")
+    try:
+        with Client(srv.grpc_target) as c:
+            handle = c.put(np.arange(10.0)).handle
+            name = c._stub.GetShared(pb.Handle(handle=handle)).segment
+        assert name in segments()
+    finally:
+        assert srv.stop() == 0
+    assert name not in segments()
+
+
+# ------------------------------------------------------------------ SharedSegments in-process
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_reap_unlinks_only_expired_segments():
+    from sparseserve.server.shm import SharedSegments
+
+    clock = Clock()
+    shared = SharedSegments(10, clock=clock)
+    try:
+        first = shared.export(np.arange(3.0)).segment
+        clock.now = 6
+        second = shared.export(EXAMPLES["csc"]).segment
+        assert {first, second} <= segments()
+        clock.now = 12
+        assert shared.reap() == 1
+        assert first not in segments() and second in segments()
+        # A segment the client claimed (unlinked) is not counted as reaped.
+        _shm.unlink_segment(second)
+        clock.now = 20
+        assert shared.reap() == 0 and shared.pending() == []
+    finally:
+        shared.close()
+
+
+def test_export_checks_the_ttl_itself():
+    from sparseserve.server.shm import SharedSegments
+
+    clock = Clock()
+    shared = SharedSegments(5, clock=clock)
+    try:
+        old = shared.export(np.zeros(2)).segment
+        clock.now = 5
+        shared.export(np.zeros(2))
+        assert old not in segments() and shared.reaped == 1
+    finally:
+        shared.close()
+
+
+def test_close_unlinks_everything_and_refuses_new_exports():
+    from sparseserve.server.shm import SharedSegments
+
+    shared = SharedSegments(60)
+    names = [shared.export(t).segment for t in (np.zeros(2), EXAMPLES["bsr"], EXAMPLES["empty-coo"])]
+    assert set(names) <= segments()
+    before = segments()
+    shared.close()
+    assert not set(names) & segments()
+    with pytest.raises(UnavailableError):
+        shared.export(np.zeros(2))
+    assert segments() <= before
+
+
+def test_read_copies_out_and_unlinks():
+    from sparseserve.server.shm import SharedSegments
+
+    shared = SharedSegments(60)
+    tensor = EXAMPLES["hybrid"]
+    msg = shared.export(tensor)
+    back = shared.read(msg, max_bytes=1 << 20)
+    assert_same(tensor, back)
+    assert msg.segment not in segments()
+    assert back.values.flags.writeable and back.values.ctypes.data % back.values.dtype.alignment == 0
+    with pytest.raises(ResourceExhaustedError) as info:
+        shared.read(shared.export(tensor), max_bytes=tensor.nbytes - 1)
+    assert info.value.reason == "TENSOR_TOO_LARGE"
+    shared.close()
+
+
+def test_segment_layout_is_aligned():
+    slots = _shm.header_slots(tensor_to_pb(EXAMPLES["csr-int32"], with_data=False))
+    assert [s.field for s in slots] == ["compressed_indices", "plain_indices", "values"]
+    assert [s.offset for s in slots] == [0, 64, 128]
+    assert _shm.segment_bytes(slots) == 128 + 24
+    assert _shm.segment_bytes(_shm.header_slots(tensor_to_pb(EXAMPLES["empty-dense"], with_data=False))) == 0
+
+
+def test_segment_names_are_unguessable():
+    names = {_shm.new_segment_name() for _ in range(100)}
+    assert len(names) == 100 and all(_shm.SEGMENT_NAME.match(n) for n in names)
+
+
+def test_big_arrays_are_read_in_parallel_pieces(monkeypatch):
+    """The threaded read (arrays of 64 MiB and more) joins its pieces in order, and a short
+    piece is still an error."""
+    from sparseserve.server.shm import SharedSegments
+
+    monkeypatch.setattr(_shm, "_PARALLEL_BYTES", 1000)
+    monkeypatch.setattr(_shm, "_READ_THREADS", 3)
+    rng = np.random.default_rng(5)
+    tensor = coo(rng, [300, 300], 5000, np.complex128)  # pieces not a multiple of the 4 KiB step
+    shared = SharedSegments(60)
+    try:
+        assert_same(tensor, shared.read(shared.export(tensor), max_bytes=1 << 30))
+        shm = _shm.create_segment(100_000)
+        try:
+            fd = _shm.open_segment(shm.name, "")
+            os.ftruncate(shm._fd, 50_000)
+            with pytest.raises(InvalidArgumentError) as info:
+                _shm.read_slot(fd, _shm.Slot("values", np.dtype(np.uint8), (100_000,), 0, 100_000), shm.name)
+            assert info.value.reason == "BUFFER_LENGTH"
+            os.close(fd)
+        finally:
+            _shm.close_segment(shm)
+            _shm.unlink_segment(shm.name)
+    finally:
+        shared.close()
