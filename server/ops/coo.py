@@ -21,6 +21,7 @@ SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
 Duplicates are kept, in their original relative order; values and shape are unchanged.""",
     args=[SP_INPUT],
     outputs=[Output("output", "sparse", "The same entries in row-major order.")],
+    batchable=True,
 )
 def reorder(sp_input: SparseTensor) -> SparseTensor:
     indices, values = kernels.reorder(sp_input.indices, sp_input.values, sp_input.dense_shape)
@@ -33,6 +34,7 @@ def reorder(sp_input: SparseTensor) -> SparseTensor:
 Booleans combine with logical or; integers wrap as numpy's do.""",
     args=[SP_INPUT],
     outputs=[Output("output", "sparse", "Unique indices, sorted, with summed values.")],
+    batchable=True,
 )
 def coalesce(sp_input: SparseTensor) -> SparseTensor:
     indices, values = kernels.coalesce(sp_input.indices, sp_input.values, sp_input.dense_shape)
