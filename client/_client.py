@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -17,6 +18,7 @@ import httpx
 from . import _wire
 from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
 from ._convert import as_tensor, is_tensor_like
+from ._frames import execute_request_bytes, outputs_from_bytes
 from ._pipeline import Pipeline
 from ._tensor import HandleRef
 from .v1 import sparseserve_pb2 as pb
@@ -31,14 +33,20 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
 GRPC_WINDOW_OPTIONS = (("grpc.http2.lookahead_bytes", 16 << 20),)
 
 
-def _chunk_streams(channel):
-    """Upload and Download with their chunks as serialized bytes, framed and parsed by
-    ``_codec`` (one copy per chunk instead of protobuf's several); sync or aio channel."""
+def _raw_methods(channel) -> SimpleNamespace:
+    """The methods whose messages the SDK frames and parses itself, as bytes (sync or aio
+    channel): Upload's and Download's chunks (``_codec``), and Execute's and ExecutePipeline's
+    tensors (``_frames``), each copied once where protobuf messages copy them several times."""
     service = "/" + pb.DESCRIPTOR.services_by_name["SparseService"].full_name
-    return (channel.stream_unary(f"{service}/Upload", request_serializer=None,
-                                 response_deserializer=pb.Handle.FromString),
-            channel.unary_stream(f"{service}/Download", request_serializer=pb.Handle.SerializeToString,
-                                 response_deserializer=None))
+    return SimpleNamespace(
+        upload=channel.stream_unary(f"{service}/Upload", request_serializer=None,
+                                    response_deserializer=pb.Handle.FromString),
+        download=channel.unary_stream(f"{service}/Download", request_serializer=pb.Handle.SerializeToString,
+                                      response_deserializer=None),
+        execute=channel.unary_unary(f"{service}/Execute", request_serializer=None, response_deserializer=None),
+        execute_pipeline=channel.unary_unary(f"{service}/ExecutePipeline",
+                                             request_serializer=pb.PipelineRequest.SerializeToString,
+                                             response_deserializer=None))
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,7 +172,7 @@ class Client(_Base):
         if self.wire == "grpc":
             self._channel = grpc.insecure_channel(self._address, options=self._grpc_options)
             self._stub = pb_grpc.SparseServiceStub(self._channel)
-            self._upload, self._download = _chunk_streams(self._channel)
+            self._raw = _raw_methods(self._channel)
         else:
             self._http = httpx.Client(base_url=self._address, timeout=self.timeout, headers=self._headers)
 
@@ -199,8 +207,8 @@ class Client(_Base):
         """Run any op by name; several outputs come back as a tuple in declared order."""
         named = self._bind(op, args, kwargs, self.list_ops() if args else self._catalogue)
         if self.wire == "grpc":
-            request = _wire.execute_request(op, named, keep)
-            outputs = _wire.outputs_from_pb(self._grpc(self._stub.Execute, request))
+            request = execute_request_bytes(op, named, keep)
+            outputs = outputs_from_bytes(self._grpc(self._raw.execute, request))
         else:
             response = self._http_call("POST", f"/v1/ops/{op}", **_wire.rest_execute(op, named, keep, self.encoding))
             outputs = _wire.rest_outputs(response.content, self.encoding)
@@ -212,8 +220,8 @@ class Client(_Base):
 
     def _run_pipeline(self, steps: list, outputs: list[str], keep: bool) -> Any:
         if self.wire == "grpc":
-            reply = self._grpc(self._stub.ExecutePipeline, _wire.pipeline_request(steps, outputs, keep))
-            return self._shape_result(_wire.outputs_from_pb(reply))
+            reply = self._grpc(self._raw.execute_pipeline, _wire.pipeline_request(steps, outputs, keep))
+            return self._shape_result(outputs_from_bytes(reply))
         response = self._http_call("POST", "/v1/pipelines", **_wire.rest_pipeline(steps, outputs, keep, self.encoding))
         return self._shape_result(_wire.rest_outputs(response.content, self.encoding))
 
@@ -231,7 +239,7 @@ class Client(_Base):
             return _shm.put(self, tensor)
         if self.wire == "grpc":
             try:
-                reply = self._upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
+                reply = self._raw.upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
                                           metadata=self._metadata)
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc) from None
@@ -247,7 +255,7 @@ class Client(_Base):
             return _shm.get(self, _handle_of(handle))
         if self.wire == "grpc":
             try:
-                stream = self._download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
+                stream = self._raw.download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
                                              metadata=self._metadata)
                 return assemble(stream, "tensor")
             except grpc.RpcError as exc:
@@ -291,7 +299,7 @@ class AsyncClient(_Base):
         if self.wire == "grpc":
             self._channel = grpc.aio.insecure_channel(self._address, options=self._grpc_options)
             self._stub = pb_grpc.SparseServiceStub(self._channel)
-            self._upload, self._download = _chunk_streams(self._channel)
+            self._raw = _raw_methods(self._channel)
         else:
             self._http = httpx.AsyncClient(base_url=self._address, timeout=self.timeout,
                                            headers=self._headers)
@@ -324,8 +332,8 @@ class AsyncClient(_Base):
     async def call(self, op: str, *args: Any, keep: bool = False, **kwargs: Any) -> Any:
         named = self._bind(op, args, kwargs, (await self.list_ops()) if args else self._catalogue)
         if self.wire == "grpc":
-            reply = await self._grpc(self._stub.Execute, _wire.execute_request(op, named, keep))
-            outputs = _wire.outputs_from_pb(reply)
+            reply = await self._grpc(self._raw.execute, execute_request_bytes(op, named, keep))
+            outputs = outputs_from_bytes(reply)
         else:
             response = await self._http_call("POST", f"/v1/ops/{op}",
                                              **_wire.rest_execute(op, named, keep, self.encoding))
@@ -340,8 +348,8 @@ class AsyncClient(_Base):
 
     async def _run_pipeline(self, steps: list, outputs: list[str], keep: bool) -> Any:
         if self.wire == "grpc":
-            reply = await self._grpc(self._stub.ExecutePipeline, _wire.pipeline_request(steps, outputs, keep))
-            return self._shape_result(_wire.outputs_from_pb(reply))
+            reply = await self._grpc(self._raw.execute_pipeline, _wire.pipeline_request(steps, outputs, keep))
+            return self._shape_result(outputs_from_bytes(reply))
         response = await self._http_call("POST", "/v1/pipelines",
                                          **_wire.rest_pipeline(steps, outputs, keep, self.encoding))
         return self._shape_result(_wire.rest_outputs(response.content, self.encoding))
@@ -361,7 +369,7 @@ class AsyncClient(_Base):
         tensor = as_tensor(tensor)
         if self.wire == "grpc":
             try:
-                reply = await self._upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
+                reply = await self._raw.upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
                                                 metadata=self._metadata)
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc) from None
@@ -372,7 +380,7 @@ class AsyncClient(_Base):
     async def get(self, handle: HandleRef | str) -> Any:
         if self.wire == "grpc":
             try:
-                call = self._download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
+                call = self._raw.download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
                                            metadata=self._metadata)
                 return assemble([chunk async for chunk in call], "tensor")
             except grpc.RpcError as exc:

@@ -69,11 +69,12 @@ def _array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], in
 
 def array_from_pb(msg: pb.Array, name: str) -> np.ndarray:
     dtype, shape, nbytes = _array_spec(msg, name)
-    if len(msg.data) != nbytes:
+    data = msg.data  # each read of a bytes field is a new copy of it
+    if len(data) != nbytes:
         raise InvalidArgumentError(
-            f"{name}.data has {len(msg.data)} bytes but dtype {dtype.name} and shape {list(shape)} "
+            f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
             f"imply {nbytes}", reason="BUFFER_LENGTH")
-    return _view(msg.data, dtype, shape)
+    return _view(data, dtype, shape)
 
 
 def _view(buffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -167,9 +168,10 @@ def _array_size(header: bytes, data: memoryview | None) -> int:
     return len(header) + len(_len_prefix(_ARRAY_DATA, len(data))) + len(data) + 4 + _ALIGN - 1
 
 
-def tensor_pieces(t: Any) -> list:
+def tensor_pieces(t: Any, start: int = 0) -> list:
     """The serialized ``Tensor`` message of ``t`` as pieces to send back to back: small
-    headers, and the arrays' own memory (no copy), each starting 16-byte aligned."""
+    headers, and the arrays' own memory (no copy), each starting 16-byte aligned counted
+    from ``start`` bytes before the message (where it sits inside an enclosing one)."""
     if isinstance(t, HandleRef):
         return [tensor_to_pb(t).SerializeToString()]
     if isinstance(t, SparseTensor):
@@ -185,7 +187,7 @@ def tensor_pieces(t: Any) -> list:
     else:
         arrays = [(_TENSOR_DENSE, *_array_parts(np.asarray(t)))]
         pieces = []
-    position = sum(len(p) for p in pieces)
+    position = start + sum(len(p) for p in pieces)
     for number, head, data in arrays:
         pieces += [_len_prefix(number, _array_size(head, data)), head]
         position += len(pieces[-2]) + len(head)
@@ -204,6 +206,37 @@ def tensor_to_bytes(t: Any) -> bytes:
     return b"".join(tensor_pieces(t))
 
 
+def iter_fields(view: memoryview) -> Iterator[tuple[int, int, int, int, int]] | None:
+    """The fields of a message, one pass: (number, wire type, start of the field, start of its
+    value, end). Ends early with None for what a fast path leaves to protobuf: groups and
+    truncated bytes. A varint's value is left unread (its bytes are view[body:stop])."""
+    pos, end = 0, len(view)
+    while pos < end:
+        tag = _read_varint(view, pos)
+        if tag is None:
+            yield None
+            return
+        key, body = tag
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            after = _read_varint(view, body)
+            stop = None if after is None else after[1]
+        elif wire == 1:
+            stop = body + 8
+        elif wire == 5:
+            stop = body + 4
+        elif wire == 2:
+            length = _read_varint(view, body)
+            body, stop = (None, None) if length is None else (length[1], length[1] + length[0])
+        else:
+            stop = None
+        if stop is None or stop > end:
+            yield None
+            return
+        yield number, wire, pos, body, stop
+        pos = stop
+
+
 def _split_fields(view: memoryview, numbers: set[int]) -> tuple[bytes, dict[int, memoryview]] | None:
     """One pass over a message: (the bytes of every field not in ``numbers``, a view of each
     length-delimited field in ``numbers``). None for what the fast path leaves to protobuf: a
@@ -211,38 +244,16 @@ def _split_fields(view: memoryview, numbers: set[int]) -> tuple[bytes, dict[int,
     truncated bytes."""
     rest: list[memoryview] = []
     found: dict[int, memoryview] = {}
-    pos, end = 0, len(view)
-    while pos < end:
-        tag = _read_varint(view, pos)
-        if tag is None:
+    for field in iter_fields(view):
+        if field is None:
             return None
-        key, body = tag
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            after = _read_varint(view, body)
-            if after is None:
-                return None
-            stop = after[1]
-        elif wire == 1:
-            stop = body + 8
-        elif wire == 5:
-            stop = body + 4
-        elif wire == 2:
-            length = _read_varint(view, body)
-            if length is None:
-                return None
-            body, stop = length[1], length[1] + length[0]
-        else:
-            return None
-        if stop > end:
-            return None
+        number, wire, pos, body, stop = field
         if number in numbers:
             if wire != 2 or number in found:
                 return None
             found[number] = view[body:stop]
         else:
             rest.append(view[pos:stop])
-        pos = stop
     return b"".join(rest), found
 
 

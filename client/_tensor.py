@@ -61,7 +61,7 @@ class SparseTensor:
     """
 
     __slots__ = ("layout", "dense_shape", "indices", "values", "compressed_indices",
-                 "plain_indices", "blocksize", "coalesced")
+                 "plain_indices", "blocksize", "coalesced", "__weakref__")
 
     def __init__(
         self,

@@ -10,7 +10,8 @@ from typing import Any, Iterable, Iterator
 import grpc
 import numpy as np
 
-from ._codec import tensor_from_bytes, tensor_from_pb, tensor_pieces, tensor_to_pb, value_from_pb, value_to_pb
+from ._codec import tensor_from_bytes, tensor_pieces, value_from_pb, value_to_pb
+from ._frames import execute_request_bytes, outputs_from_bytes
 from ._json import tensor_from_json, tensor_to_json, value_to_json
 from .errors import (REASON_METADATA_KEY, DeadlineExceededError, SparseServeError,
                      UnavailableError, error_for_code, error_for_grpc_status)
@@ -24,10 +25,6 @@ _HTTP_TO_CODE = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 401: "UNAUTHE
 
 
 # ------------------------------------------------------------------ protobuf
-def execute_request(op: str, args: dict[str, Any], keep: bool) -> pb.ExecuteRequest:
-    return pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()})
-
-
 def pipeline_request(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
                      keep: bool) -> pb.PipelineRequest:
     """(name, op, args) steps as a ``PipelineRequest``."""
@@ -48,16 +45,6 @@ def pipeline_json(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[st
     return json.dumps({"steps": [{"name": name, "op": op, "args": {k: value_to_json(v) for k, v in args.items()}}
                                  for name, op, args in steps],
                        "outputs": outputs, "keep": keep}).encode()
-
-
-def outputs_to_pb(outputs: list[tuple[str, Any]]) -> pb.ExecuteResponse:
-    """The server side of ``outputs_from_pb``: named outputs in declared order."""
-    return pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=tensor_to_pb(value))
-                                       for name, value in outputs])
-
-
-def outputs_from_pb(resp: pb.ExecuteResponse) -> list[tuple[str, Any]]:
-    return [(o.name, tensor_from_pb(o.tensor, o.name)) for o in resp.outputs]
 
 
 def catalogue_from_pb(resp: pb.ListOpsResponse) -> tuple[str, list[dict[str, Any]]]:
@@ -99,7 +86,7 @@ def outputs_from_json(obj: dict) -> list[tuple[str, Any]]:
 def rest_execute(op: str, args: dict[str, Any], keep: bool, encoding: str) -> dict[str, Any]:
     """The httpx request arguments of ``POST /v1/ops/{op}``."""
     if encoding == "protobuf":
-        return {"content": execute_request(op, args, keep).SerializeToString(),
+        return {"content": execute_request_bytes(op, args, keep),
                 "headers": {"content-type": PROTOBUF}}
     return {"content": json_body(args), "params": {"keep": "true"} if keep else None,
             "headers": {"content-type": "application/json"}}
@@ -116,7 +103,7 @@ def rest_pipeline(steps: list, outputs: list[str], keep: bool, encoding: str) ->
 def rest_outputs(content: bytes, encoding: str) -> list[tuple[str, Any]]:
     """The outputs of a ``POST /v1/ops/{op}`` reply."""
     if encoding == "protobuf":
-        return outputs_from_pb(pb.ExecuteResponse.FromString(content))
+        return outputs_from_bytes(content)
     return outputs_from_json(json.loads(content))
 
 

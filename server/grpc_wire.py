@@ -10,9 +10,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sparseserve._codec import ChunkAssembler, iter_chunks, value_from_pb, value_to_pb
+from sparseserve._codec import ChunkAssembler, iter_chunks, value_to_pb
+from sparseserve._frames import execute_request_from_bytes, outputs_to_bytes
 from sparseserve._client import GRPC_WINDOW_OPTIONS
-from sparseserve._wire import outputs_to_pb, pipeline_from_pb
+from sparseserve._wire import pipeline_from_pb
 from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeError
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
@@ -66,17 +67,18 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             log.exception("unexpected error")
             await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
 
-    async def _response(self, outputs: list[tuple[str, Any]], what: str) -> pb.ExecuteResponse:
-        """Outputs as an ExecuteResponse, refused when over the message limit (keep=true then)."""
+    async def _response(self, outputs: list[tuple[str, Any]], what: str) -> bytes:
+        """Outputs as a serialized ExecuteResponse, refused when over the message limit (keep=true
+        then)."""
         self.service.check_result_size([t for _, t in outputs], self.service.config.max_request_bytes, what)
-        return await self.service.run(outputs_to_pb, outputs, nbytes=arguments_nbytes(t for _, t in outputs))
+        return await self.service.run(outputs_to_bytes, outputs, nbytes=arguments_nbytes(t for _, t in outputs))
 
-    async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
+    async def Execute(self, request: bytes, context) -> bytes:
         async def run():
             tenant = _tenant(self.service, context)
-            args = {name: value_from_pb(value, name) for name, value in request.args.items()}
-            outputs = await self.service.execute(request.op, args, request.keep, tenant)
-            return await self._response(outputs, f"{request.op} result")
+            op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
+            outputs = await self.service.execute(op, args, keep, tenant)
+            return await self._response(outputs, f"{op} result")
 
         return await self._guard(context, run())
 
@@ -101,7 +103,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         for frame in iter_chunks(tensor):
             await context.write(frame)
 
-    async def ExecutePipeline(self, request: pb.PipelineRequest, context) -> pb.ExecuteResponse:
+    async def ExecutePipeline(self, request: pb.PipelineRequest, context) -> bytes:
         async def run():
             tenant = _tenant(self.service, context)
             outputs = await self.service.execute_pipeline(*pipeline_from_pb(request), tenant)
@@ -140,11 +142,11 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         return await self._guard(context, run())
 
 
-# Upload's chunks arrive and Download's leave as serialized bytes: ``_codec`` frames and
-# parses them itself (one copy per chunk, where protobuf messages cost several), and a
-# malformed chunk becomes INVALID_ARGUMENT in the handler rather than a failure inside
-# grpc's deserializer.
-_RAW_REQUESTS, _RAW_RESPONSES = {"Upload"}, {"Download"}
+# Upload's chunks and Execute's requests arrive, and Download's and Execute's replies
+# leave, as serialized bytes: ``_codec`` and ``_frames`` frame and parse them (one copy of
+# the arrays, where protobuf messages cost several), and a malformed message becomes
+# INVALID_ARGUMENT in the handler rather than a failure inside grpc's deserializer.
+_RAW_REQUESTS, _RAW_RESPONSES = {"Upload", "Execute"}, {"Download", "Execute", "ExecutePipeline"}
 
 
 def _add_servicer(servicer: SparseServicer, server: grpc.aio.Server) -> None:

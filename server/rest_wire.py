@@ -16,10 +16,11 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from sparseserve._codec import tensor_from_bytes, tensor_pieces, value_from_pb
+from sparseserve._codec import tensor_from_bytes, tensor_pieces
+from sparseserve._frames import execute_request_from_bytes, outputs_to_bytes
 from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
 from sparseserve._tensor import OutputRef
-from sparseserve._wire import iter_slices, outputs_to_pb, pipeline_from_pb
+from sparseserve._wire import iter_slices, pipeline_from_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
 from sparseserve.v1 import sparseserve_pb2 as pb
@@ -316,8 +317,8 @@ def _decode_pb_tensor(body: bytes):
 def _decode_op_body(body: bytes, protobuf: bool) -> tuple[dict[str, Any], bool]:
     """(arguments, keep) from a protobuf ExecuteRequest or a JSON object of named arguments."""
     if protobuf:
-        msg = _parse_message(pb.ExecuteRequest, body)
-        return {name: value_from_pb(v, name) for name, v in msg.args.items()}, msg.keep
+        _, args, keep = execute_request_from_bytes(body)  # the op is the path's
+        return args, keep
     obj = _parse_json(body) if body else {}
     if not isinstance(obj, dict):
         raise InvalidArgumentError("the body must be a JSON object of named arguments", reason="BAD_JSON")
@@ -339,7 +340,7 @@ async def _outputs_response(service: Service, request: Request, outputs: list[tu
     out_bytes = arguments_nbytes(t for _, t in outputs)
     if _wants_protobuf(request):
         service.check_result_size([t for _, t in outputs], service.config.max_request_bytes, what)
-        body = await service.run(lambda: outputs_to_pb(outputs).SerializeToString(), nbytes=out_bytes)
+        body = await service.run(outputs_to_bytes, outputs, nbytes=out_bytes)
         return Response(body, media_type=PROTOBUF)
     encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}},
                                 nbytes=out_bytes)

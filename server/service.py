@@ -17,10 +17,10 @@ from typing import Any, Callable
 import numpy as np
 
 from sparseserve._tensor import HandleRef, SparseTensor
-from sparseserve._validate import check_dense, check_sparse
 from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseServeError,
                                 UnauthenticatedError, UnavailableError)
 
+from .argtypes import checked
 from .config import ServerConfig
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
@@ -185,11 +185,7 @@ class Service:
     # -------------------------------------------------------------- tensors
     def put(self, tensor: Any, tenant: str) -> tuple[str, int]:
         """Validate and keep a tensor; returns (handle, bytes)."""
-        if isinstance(tensor, SparseTensor):
-            check_sparse(tensor, "tensor")
-        else:
-            check_dense(np.asarray(tensor), "tensor")
-        return self.store.put(tensor, tenant)
+        return self.store.put(checked(tensor, "tensor"), tenant)
 
     def get(self, handle: str, tenant: str) -> Any:
         return self.store.get(handle, tenant)

@@ -13,6 +13,7 @@ from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_ch
                                 tensor_from_bytes, tensor_from_pb, tensor_to_bytes, tensor_to_pb, value_from_pb,
                                 value_to_pb)
 from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve._frames import execute_request_bytes, execute_request_from_bytes, outputs_from_bytes, outputs_to_bytes
 from sparseserve._json import tensor_from_json, tensor_to_json
 from sparseserve._tensor import HandleRef
 from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError
@@ -280,3 +281,55 @@ def _decoded_arrays(t) -> list:
     if isinstance(t, SparseTensor):
         return [a for a in (t.indices, t.values, t.compressed_indices, t.plain_indices) if a is not None and a.size]
     return []
+
+
+class TestExecuteFrames:
+    """ExecuteRequest/ExecuteResponse framed by hand: the same messages protobuf writes, big
+    arrays read in place, anything else handed to protobuf."""
+
+    BIG = SparseTensor(indices=np.arange(20_000).reshape(-1, 1), values=np.arange(20_000.0), dense_shape=[20_000])
+    ARGS = {"sp_input": BIG, "dense": np.arange(20_000.0).reshape(100, 200)[:, ::2], "axis": [0, -1], "keep": None,
+            "small": coo_sample("complex64"), "handle": HandleRef("h-1"), "name": "x", "scale": 2.5}
+
+    def test_request_is_protobufs_message_and_reads_back_in_place(self):
+        body = execute_request_bytes("mul", self.ARGS, True)
+        msg = pb.ExecuteRequest.FromString(body)
+        for value in msg.args.values():
+            for array in _arrays_of(value.tensor):
+                array.ClearField("padding")
+        want = pb.ExecuteRequest(op="mul", keep=True, args={k: value_to_pb(v) for k, v in self.ARGS.items()})
+        assert msg == want
+        op, args, keep = execute_request_from_bytes(body)
+        assert (op, keep, set(args)) == ("mul", True, set(self.ARGS))
+        for name in ("sp_input", "dense", "small"):
+            assert_same(self.ARGS[name], args[name])
+        assert (args["axis"], args["keep"], args["handle"], args["name"], args["scale"]) == \
+            ([0, -1], None, HandleRef("h-1"), "x", 2.5)
+        for a in _decoded_arrays(args["sp_input"]) + _decoded_arrays(args["dense"]):
+            assert a.ctypes.data % 16 == 0 and a.base is not None, "copied or unaligned"
+
+    def test_protobuf_written_request_reads_the_same(self):
+        want = pb.ExecuteRequest(op="mul", args={k: value_to_pb(v) for k, v in self.ARGS.items()})
+        op, args, keep = execute_request_from_bytes(want.SerializeToString())
+        assert (op, keep) == ("mul", False)
+        assert_same(self.ARGS["sp_input"], args["sp_input"])
+        assert_same(self.ARGS["dense"], args["dense"])
+
+    def test_response_round_trip_keeps_arrays_aligned(self):
+        outputs = [("output", self.BIG), ("empty_row_indicator", np.array([True, False])),
+                   ("dense", np.arange(40_000, dtype=np.int16))]
+        body = outputs_to_bytes(outputs)
+        msg = pb.ExecuteResponse.FromString(body)
+        assert [o.name for o in msg.outputs] == ["output", "empty_row_indicator", "dense"]
+        back = outputs_from_bytes(body)
+        for (name, value), (got_name, got) in zip(outputs, back):
+            assert name == got_name
+            assert_same(value, got)
+        for a in _decoded_arrays(back[0][1]) + _decoded_arrays(back[2][1]):
+            assert a.ctypes.data % 16 == 0 and a.base is not None, "copied or unaligned"
+
+    @pytest.mark.parametrize("body", [b"\x12\xff\xff", b"\x0a\x02\xff\xfe", b"\xff"])
+    def test_malformed_requests_are_invalid_argument(self, body):
+        with pytest.raises(InvalidArgumentError) as info:
+            execute_request_from_bytes(body)
+        assert info.value.reason == "BAD_BODY"

@@ -201,6 +201,19 @@ def test_raw_grpc_malformed_tensor_gets_invalid_argument_with_reason(server):
         assert {"reorder", "coalesce", "to_dense", "from_dense"} <= {op.name for op in ops.ops}
 
 
+def test_raw_grpc_request_that_is_no_message_gets_invalid_argument(server):
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        execute = channel.unary_unary("/sparseserve.v1.SparseService/Execute", request_serializer=None,
+                                      response_deserializer=None)
+        for body in (b"\xff", b"\x12\xff\xff"):
+            with pytest.raises(grpc.RpcError) as info:
+                execute(body)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert dict(info.value.trailing_metadata())["sparseserve-reason"] == "BAD_BODY"
+    with make_client(server, "grpc") as c:
+        assert c.reorder(SparseTensor(indices=[[1], [0]], values=[2, 1], dense_shape=[2])).values.tolist() == [1, 2]
+
+
 def test_grpc_health_and_reflection(server):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc

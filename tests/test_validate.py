@@ -115,3 +115,18 @@ def test_random_coo_accepted_iff_every_index_in_range(data):
         # The message points at a real offender.
         pos = [int(x) for x in info.value.message.split("[", 1)[1].split("]", 1)[0].split(", ")]
         assert not 0 <= indices[pos[0], pos[1]] < shape[pos[1]]
+
+
+def test_tensors_checked_into_the_store_are_not_checked_again():
+    from sparseserve.server.argtypes import TENSOR, checked
+    from sparseserve.server.registry import Arg
+
+    t = SparseTensor(indices=[[0, 1], [2, 0]], values=[1.0, 2.0], dense_shape=[3, 2])
+    stored = checked(t, "tensor")
+    assert not stored.values.flags.writeable and checked(stored, "tensor") is stored
+    arg = Arg("sp_input", TENSOR, "", layouts=("coo",))
+    assert TENSOR.coerce(stored, arg, "reorder") is stored  # bound as it is: no second pass
+    assert TENSOR.coerce(t, arg, "reorder") is not t  # anything else is checked and frozen
+    with pytest.raises(InvalidArgumentError) as info:
+        checked(SparseTensor(indices=[[0, 5]], values=[1.0], dense_shape=[3, 2]), "tensor")
+    assert info.value.reason == "INDEX_OUT_OF_RANGE"

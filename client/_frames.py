@@ -1,0 +1,179 @@
+"""``ExecuteRequest`` and ``ExecuteResponse`` as bytes, with big arrays spliced in and sliced out.
+
+protobuf's Python messages copy a bytes field on every assignment, serialization,
+parse and read: a 16 MB vector sent to ``matmul`` was copied about ten times
+between the SDK's arguments and the kernel. Here a tensor argument or output
+above ``FRAME_BYTES`` is framed by ``tensor_pieces`` (its arrays joined into the
+message once, 16-byte aligned) and read back by ``tensor_from_bytes`` (views of
+the received bytes); smaller values go through protobuf, which is quicker for
+them. The bytes are the same messages either way: any protobuf reader takes them,
+and anything this reader does not take apart goes to protobuf whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from ._codec import (_len_prefix, _read_varint, iter_fields, tensor_from_bytes, tensor_from_pb, tensor_pieces,
+                     value_from_pb, value_to_pb)
+from ._tensor import SparseTensor
+from .errors import InvalidArgumentError
+from .v1 import sparseserve_pb2 as pb
+
+__all__ = ["FRAME_BYTES", "execute_request_bytes", "execute_request_from_bytes", "outputs_to_bytes",
+           "outputs_from_bytes"]
+
+FRAME_BYTES = 64 << 10
+
+# Field numbers of sparseserve.proto.
+_REQUEST_OP, _REQUEST_ARGS, _REQUEST_KEEP = 1, 2, 3
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2  # a map<string, Value> entry
+_VALUE_TENSOR = 1
+_RESPONSE_OUTPUTS, _NAMED_NAME, _NAMED_TENSOR = 1, 1, 2
+
+
+def _string_field(number: int, text: str) -> bytes:
+    raw = text.encode()
+    return _len_prefix(number, len(raw)) + raw
+
+
+def _nested(number: int, head: bytes, inner: Callable[[int], list], start: int) -> list:
+    """Field ``number`` holding ``head`` then ``inner(offset)``, framed for where it lands at
+    ``start``: ``inner`` lays out its arrays from ``offset``, and its size must not depend
+    on it (as ``tensor_pieces``'s does not)."""
+    size = len(head) + sum(len(p) for p in inner(0))
+    prefix = _len_prefix(number, size) + head
+    return [prefix, *inner(start + len(prefix))]
+
+
+def _is_big_tensor(v: Any) -> bool:
+    return isinstance(v, (SparseTensor, np.ndarray)) and v.nbytes >= FRAME_BYTES
+
+
+def _value_pieces(v: Any, start: int) -> list:
+    """A ``Value`` message of ``v`` (for a map entry's value field, framed by the caller)."""
+    if _is_big_tensor(v):
+        if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
+            v = np.ascontiguousarray(v)  # once, not at each framing
+        return _nested(_VALUE_TENSOR, b"", lambda offset: tensor_pieces(v, offset), start)
+    return [value_to_pb(v).SerializeToString()]
+
+
+def execute_request_bytes(op: str, args: dict[str, Any], keep: bool) -> bytes:
+    """A serialized ``ExecuteRequest``."""
+    pieces = [_string_field(_REQUEST_OP, op)]
+    position = len(pieces[0])
+    for key, value in args.items():
+        entry = _nested(_REQUEST_ARGS, _string_field(_ENTRY_KEY, key),
+                        lambda offset, value=value: _nested(_ENTRY_VALUE, b"",
+                                                            lambda o: _value_pieces(value, o), offset),
+                        position)
+        pieces += entry
+        position += sum(len(p) for p in entry)
+    if keep:
+        pieces.append(bytes((_REQUEST_KEEP << 3, 1)))
+    return b"".join(pieces)
+
+
+def outputs_to_bytes(outputs: list[tuple[str, Any]]) -> bytes:
+    """A serialized ``ExecuteResponse``: named outputs in declared order."""
+    pieces: list = []
+    position = 0
+    for name, value in outputs:
+        if _is_big_tensor(value):
+            named = _nested(_RESPONSE_OUTPUTS, _string_field(_NAMED_NAME, name),
+                            lambda offset, value=value: _nested(_NAMED_TENSOR, b"",
+                                                                lambda o: tensor_pieces(value, o), offset),
+                            position)
+        else:
+            body = pb.NamedTensor(name=name, tensor=value_to_pb(value).tensor).SerializeToString()
+            named = [_len_prefix(_RESPONSE_OUTPUTS, len(body)), body]
+        pieces += named
+        position += sum(len(p) for p in named)
+    return b"".join(pieces)
+
+
+# ------------------------------------------------------------------ reading
+def _fields(view: memoryview) -> list[tuple[int, int, memoryview]]:
+    """(number, wire type, value bytes) of each field; DecodeError where protobuf should judge."""
+    out = []
+    for field in iter_fields(view):
+        if field is None:
+            raise DecodeError("not a message this reader takes apart")
+        number, wire, _, body, stop = field
+        out.append((number, wire, view[body:stop]))
+    return out
+
+
+def _varint_value(raw: memoryview) -> int:
+    return _read_varint(raw, 0)[0]
+
+
+def _value_from_view(view: memoryview, name: str) -> Any:
+    fields = _fields(view)
+    if len(fields) == 1 and fields[0][:2] == (_VALUE_TENSOR, 2):
+        return tensor_from_bytes(fields[0][2], name)
+    return value_from_pb(pb.Value.FromString(view), name)
+
+
+def _request_from_view(view: memoryview) -> tuple[str, dict[str, Any], bool]:
+    op, args, keep = "", {}, False
+    for number, wire, raw in _fields(view):
+        if (number, wire) == (_REQUEST_OP, 2):
+            op = str(raw, "utf-8")
+        elif (number, wire) == (_REQUEST_ARGS, 2):
+            key, value = "", None
+            for n, w, part in _fields(raw):
+                if (n, w) == (_ENTRY_KEY, 2):
+                    key = str(part, "utf-8")
+                elif (n, w) == (_ENTRY_VALUE, 2):
+                    value = part
+                else:
+                    raise DecodeError("an unexpected field in a map entry")
+            args[key] = value  # a repeated key: the last one counts, as in protobuf
+        elif (number, wire) == (_REQUEST_KEEP, 0):
+            keep = bool(_varint_value(raw))
+        else:
+            raise DecodeError("a field this reader leaves to protobuf")
+    return op, {key: None if raw is None else _value_from_view(raw, key) for key, raw in args.items()}, keep
+
+
+def execute_request_from_bytes(body: bytes) -> tuple[str, dict[str, Any], bool]:
+    """(op, decoded arguments, keep) of a serialized ``ExecuteRequest``; tensors are views of
+    ``body``. INVALID_ARGUMENT when it is not such a message."""
+    view = memoryview(body).cast("B")
+    try:
+        return _request_from_view(view)
+    except (DecodeError, UnicodeDecodeError):
+        pass
+    try:
+        msg = pb.ExecuteRequest.FromString(view)
+    except Exception:  # DecodeError, or others on some inputs
+        raise InvalidArgumentError("the request is not a sparseserve.v1.ExecuteRequest message",
+                                   reason="BAD_BODY") from None
+    return msg.op, {name: value_from_pb(value, name) for name, value in msg.args.items()}, msg.keep
+
+
+def outputs_from_bytes(body: bytes) -> list[tuple[str, Any]]:
+    """The named outputs of a serialized ``ExecuteResponse``; arrays are views of ``body``."""
+    view = memoryview(body).cast("B")
+    try:
+        outputs = []
+        for number, wire, raw in _fields(view):
+            if (number, wire) != (_RESPONSE_OUTPUTS, 2):
+                raise DecodeError("a field this reader leaves to protobuf")
+            name, tensor = "", None
+            for n, w, part in _fields(raw):
+                if (n, w) == (_NAMED_NAME, 2):
+                    name = str(part, "utf-8")
+                elif (n, w) == (_NAMED_TENSOR, 2):
+                    tensor = part
+                else:
+                    raise DecodeError("an unexpected field in an output")
+            outputs.append((name, tensor))
+        return [(name, tensor_from_bytes(b"" if raw is None else raw, name)) for name, raw in outputs]
+    except (DecodeError, UnicodeDecodeError):
+        return [(o.name, tensor_from_pb(o.tensor, o.name)) for o in pb.ExecuteResponse.FromString(view).outputs]
