@@ -31,7 +31,10 @@ test: $(VENV)/.dev
 # `python -m bench.<name>` runs one of them alone.
 bench: $(VENV)/.dev
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.linalg
 	$(BIN)/python -m bench.service
+	$(BIN)/python -m bench.batching
+	$(BIN)/python -m bench.shm
 
 proto: $(VENV)/.dev
 	$(BIN)/python tools/gen_proto.py

@@ -64,6 +64,9 @@ def _value_pieces(v: Any, start: int) -> list:
 
 def execute_request_bytes(op: str, args: dict[str, Any], keep: bool) -> bytes:
     """A serialized ``ExecuteRequest``."""
+    if not any(_is_big_tensor(v) for v in args.values()):  # protobuf's C encoder is quicker
+        return pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()}
+                                 ).SerializeToString()
     pieces = [_string_field(_REQUEST_OP, op)]
     position = len(pieces[0])
     for key, value in args.items():
@@ -80,6 +83,9 @@ def execute_request_bytes(op: str, args: dict[str, Any], keep: bool) -> bytes:
 
 def outputs_to_bytes(outputs: list[tuple[str, Any]]) -> bytes:
     """A serialized ``ExecuteResponse``: named outputs in declared order."""
+    if not any(_is_big_tensor(v) for _, v in outputs):
+        return pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=value_to_pb(value).tensor)
+                                           for name, value in outputs]).SerializeToString()
     pieces: list = []
     position = 0
     for name, value in outputs:
@@ -145,10 +151,11 @@ def execute_request_from_bytes(body: bytes) -> tuple[str, dict[str, Any], bool]:
     """(op, decoded arguments, keep) of a serialized ``ExecuteRequest``; tensors are views of
     ``body``. INVALID_ARGUMENT when it is not such a message."""
     view = memoryview(body).cast("B")
-    try:
-        return _request_from_view(view)
-    except (DecodeError, UnicodeDecodeError):
-        pass
+    if len(view) >= FRAME_BYTES:  # below, protobuf's C parser is quicker and copies little
+        try:
+            return _request_from_view(view)
+        except (DecodeError, UnicodeDecodeError):
+            pass
     try:
         msg = pb.ExecuteRequest.FromString(view)
     except Exception:  # DecodeError, or others on some inputs
@@ -161,6 +168,8 @@ def outputs_from_bytes(body: bytes) -> list[tuple[str, Any]]:
     """The named outputs of a serialized ``ExecuteResponse``; arrays are views of ``body``."""
     view = memoryview(body).cast("B")
     try:
+        if len(view) < FRAME_BYTES:
+            raise DecodeError("small: protobuf's C parser is quicker")
         outputs = []
         for number, wire, raw in _fields(view):
             if (number, wire) != (_RESPONSE_OUTPUTS, 2):

@@ -26,7 +26,7 @@ def _blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
 
 
-@pytest.mark.parametrize("example", [0, 1], ids=["quickstart", "pipeline"])
+@pytest.mark.parametrize("example", [0, 1, 2], ids=["quickstart", "pipeline", "linear-algebra"])
 def test_readme_sdk_examples_print_what_they_say(server, example):
     code = _blocks("python")[example].replace("localhost:50051", server.grpc_target)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
