@@ -12,19 +12,20 @@ and anything this reader does not take apart goes to protobuf whole.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ._codec import (_len_prefix, _read_varint, iter_fields, tensor_from_bytes, tensor_from_pb, tensor_pieces,
-                     value_from_pb, value_to_pb)
+from ._codec import (DEFAULT_CHUNK_BYTES, _len_prefix, _read_varint, _varint, iter_fields, tensor_from_bytes,
+                     tensor_from_pb, tensor_pieces, value_from_pb, value_to_pb)
 from ._tensor import SparseTensor
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
 
-__all__ = ["FRAME_BYTES", "execute_request_bytes", "execute_request_from_bytes", "outputs_to_bytes",
-           "outputs_from_bytes"]
+__all__ = ["FRAME_BYTES", "execute_request_pieces", "execute_request_bytes", "execute_request_from_bytes",
+           "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "message_frames", "MessageAssembler",
+           "assemble_message"]
 
 FRAME_BYTES = 64 << 10
 
@@ -33,6 +34,7 @@ _REQUEST_OP, _REQUEST_ARGS, _REQUEST_KEEP = 1, 2, 3
 _ENTRY_KEY, _ENTRY_VALUE = 1, 2  # a map<string, Value> entry
 _VALUE_TENSOR = 1
 _RESPONSE_OUTPUTS, _NAMED_NAME, _NAMED_TENSOR = 1, 1, 2
+_FRAME_TOTAL, _FRAME_DATA = 1, 2  # MessageFrame
 
 
 def _string_field(number: int, text: str) -> bytes:
@@ -62,11 +64,12 @@ def _value_pieces(v: Any, start: int) -> list:
     return [value_to_pb(v).SerializeToString()]
 
 
-def execute_request_bytes(op: str, args: dict[str, Any], keep: bool) -> bytes:
-    """A serialized ``ExecuteRequest``."""
+def execute_request_pieces(op: str, args: dict[str, Any], keep: bool) -> list:
+    """A serialized ``ExecuteRequest`` as pieces to send back to back (``execute_request_bytes``
+    joins them)."""
     if not any(_is_big_tensor(v) for v in args.values()):  # protobuf's C encoder is quicker
-        return pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()}
-                                 ).SerializeToString()
+        return [pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()}
+                                  ).SerializeToString()]
     pieces = [_string_field(_REQUEST_OP, op)]
     position = len(pieces[0])
     for key, value in args.items():
@@ -78,14 +81,20 @@ def execute_request_bytes(op: str, args: dict[str, Any], keep: bool) -> bytes:
         position += sum(len(p) for p in entry)
     if keep:
         pieces.append(bytes((_REQUEST_KEEP << 3, 1)))
-    return b"".join(pieces)
+    return pieces
 
 
-def outputs_to_bytes(outputs: list[tuple[str, Any]]) -> bytes:
-    """A serialized ``ExecuteResponse``: named outputs in declared order."""
+def execute_request_bytes(op: str, args: dict[str, Any], keep: bool) -> bytes:
+    """A serialized ``ExecuteRequest``."""
+    return b"".join(execute_request_pieces(op, args, keep))
+
+
+def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
+    """A serialized ``ExecuteResponse`` (named outputs in declared order) as pieces to send
+    back to back."""
     if not any(_is_big_tensor(v) for _, v in outputs):
-        return pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=value_to_pb(value).tensor)
-                                           for name, value in outputs]).SerializeToString()
+        return [pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=value_to_pb(value).tensor)
+                                           for name, value in outputs]).SerializeToString()]
     pieces: list = []
     position = 0
     for name, value in outputs:
@@ -99,7 +108,12 @@ def outputs_to_bytes(outputs: list[tuple[str, Any]]) -> bytes:
             named = [_len_prefix(_RESPONSE_OUTPUTS, len(body)), body]
         pieces += named
         position += sum(len(p) for p in named)
-    return b"".join(pieces)
+    return pieces
+
+
+def outputs_to_bytes(outputs: list[tuple[str, Any]]) -> bytes:
+    """A serialized ``ExecuteResponse``: named outputs in declared order."""
+    return b"".join(outputs_pieces(outputs))
 
 
 # ------------------------------------------------------------------ reading
@@ -186,3 +200,92 @@ def outputs_from_bytes(body: bytes) -> list[tuple[str, Any]]:
         return [(name, tensor_from_bytes(b"" if raw is None else raw, name)) for name, raw in outputs]
     except (DecodeError, UnicodeDecodeError):
         return [(o.name, tensor_from_pb(o.tensor, o.name)) for o in pb.ExecuteResponse.FromString(view).outputs]
+
+
+# ------------------------------------------------------------------ ExecuteStream
+def message_frames(pieces: list, frame_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+    """The serialized ``MessageFrame`` stream of a message given as pieces: each frame joins
+    its slice of the pieces (one copy); the first also says the whole message's size."""
+    head = _varint(_FRAME_TOTAL << 3) + _varint(sum(len(p) for p in pieces))
+    batch: list = []
+    size = 0
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while len(view):
+            take = view[:frame_bytes - size]
+            batch.append(take)
+            size += len(take)
+            view = view[len(take):]
+            if size == frame_bytes:
+                yield b"".join((head, _len_prefix(_FRAME_DATA, size), *batch))
+                head, batch, size = b"", [], 0
+    if batch or head:
+        yield b"".join((head, _len_prefix(_FRAME_DATA, size), *batch))
+
+
+def _bad_stream(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message, reason="BAD_STREAM")
+
+
+class MessageAssembler:
+    """Rebuilds a message from its ``MessageFrame`` stream in one buffer, allocated once the
+    first frame's size has passed ``max_bytes``; each frame's data is copied once, to its
+    place. ``finish`` hands the buffer over read-only, as a unary message's bytes are: the
+    arrays decoded from it are views of it."""
+
+    def __init__(self, name: str, max_bytes: int | None = None):
+        self.name = name
+        self.max_bytes = max_bytes
+        self._buffer: np.ndarray | None = None
+        self._filled = 0
+
+    def add(self, frame: bytes | memoryview) -> None:
+        view = memoryview(frame).cast("B")
+        total = data = None
+        for field in iter_fields(view):
+            if field is None:
+                raise _bad_stream(f"{self.name}: a MessageFrame of the stream is not a valid message")
+            number, wire, _, body, stop = field
+            if (number, wire) == (_FRAME_TOTAL, 0) and total is None:
+                total = _read_varint(view, body)[0]
+            elif (number, wire) == (_FRAME_DATA, 2) and data is None:
+                data = view[body:stop]
+            else:
+                raise _bad_stream(f"{self.name}: a MessageFrame carries total_bytes and data once each, "
+                                  f"not field {number} (wire type {wire})")
+        if self._buffer is None:
+            self._start(total or 0)  # proto3 leaves a zero size out
+        elif total:
+            raise _bad_stream(f"{self.name}: only the first MessageFrame says total_bytes")
+        if data is not None and len(data):
+            if self._filled + len(data) > self._buffer.size:
+                raise InvalidArgumentError(f"{self.name}: the stream sends more than the {self._buffer.size} "
+                                           "bytes its first frame announces", reason="BUFFER_LENGTH")
+            self._buffer[self._filled:self._filled + len(data)] = np.frombuffer(data, np.uint8)
+            self._filled += len(data)
+
+    def _start(self, total: int) -> None:
+        if total >= 1 << 63:
+            raise _bad_stream(f"{self.name}: total_bytes is negative")
+        if self.max_bytes is not None and total > self.max_bytes:
+            raise ResourceExhaustedError(f"{self.name}: the message has {total} bytes, over the limit of "
+                                         f"{self.max_bytes} bytes (--max-request-bytes)",
+                                         reason="REQUEST_TOO_LARGE")
+        self._buffer = np.empty(total, np.uint8)
+
+    def finish(self) -> memoryview:
+        if self._buffer is None:
+            raise _bad_stream(f"{self.name}: the stream has no frames")
+        if self._filled != self._buffer.size:
+            raise InvalidArgumentError(f"{self.name}: the stream ended after {self._filled} of the "
+                                       f"{self._buffer.size} bytes its first frame announces",
+                                       reason="BUFFER_LENGTH")
+        self._buffer.flags.writeable = False
+        return memoryview(self._buffer)
+
+
+def assemble_message(frames: Iterable[bytes], name: str, max_bytes: int | None = None) -> memoryview:
+    assembler = MessageAssembler(name, max_bytes)
+    for frame in frames:
+        assembler.add(frame)
+    return assembler.finish()

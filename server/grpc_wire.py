@@ -11,7 +11,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sparseserve._codec import ChunkAssembler, iter_chunks, value_to_pb
-from sparseserve._frames import execute_request_from_bytes, outputs_to_bytes
+from sparseserve._frames import (MessageAssembler, execute_request_from_bytes, message_frames, outputs_pieces,
+                                outputs_to_bytes)
 from sparseserve._client import GRPC_WINDOW_OPTIONS
 from sparseserve._wire import pipeline_from_pb
 from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeError
@@ -82,6 +83,23 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
 
         return await self._guard(context, run())
 
+    async def ExecuteStream(self, request_iterator: AsyncIterator[bytes], context):
+        """Execute, the request and the reply in ``MessageFrame``s. The reply is not held to
+        the message limit: frames of any number travel (--max-result-bytes still applies)."""
+        async def run():
+            tenant = _tenant(self.service, context)
+            assembler = MessageAssembler("request", max_bytes=self.service.config.max_request_bytes)
+            async for frame in request_iterator:
+                assembler.add(frame)
+            request = assembler.finish()
+            op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
+            outputs = await self.service.execute(op, args, keep, tenant)
+            return outputs_pieces(outputs)
+
+        pieces = await self._guard(context, run())
+        for frame in message_frames(pieces):
+            await context.write(frame)
+
     async def Upload(self, request_iterator: AsyncIterator[bytes], context) -> pb.Handle:
         async def run():
             tenant = _tenant(self.service, context)
@@ -146,7 +164,8 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
 # leave, as serialized bytes: ``_codec`` and ``_frames`` frame and parse them (one copy of
 # the arrays, where protobuf messages cost several), and a malformed message becomes
 # INVALID_ARGUMENT in the handler rather than a failure inside grpc's deserializer.
-_RAW_REQUESTS, _RAW_RESPONSES = {"Upload", "Execute"}, {"Download", "Execute", "ExecutePipeline"}
+_RAW_REQUESTS = {"Upload", "Execute", "ExecuteStream"}
+_RAW_RESPONSES = {"Download", "Execute", "ExecuteStream", "ExecutePipeline"}
 
 
 def _add_servicer(servicer: SparseServicer, server: grpc.aio.Server) -> None:

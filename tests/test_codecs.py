@@ -13,7 +13,8 @@ from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_ch
                                 tensor_from_bytes, tensor_from_pb, tensor_to_bytes, tensor_to_pb, value_from_pb,
                                 value_to_pb)
 from sparseserve._dtypes import DTYPE_NAMES
-from sparseserve._frames import execute_request_bytes, execute_request_from_bytes, outputs_from_bytes, outputs_to_bytes
+from sparseserve._frames import (MessageAssembler, assemble_message, execute_request_bytes, execute_request_from_bytes,
+                                execute_request_pieces, message_frames, outputs_from_bytes, outputs_to_bytes)
 from sparseserve._json import tensor_from_json, tensor_to_json
 from sparseserve._tensor import HandleRef
 from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError
@@ -333,3 +334,59 @@ class TestExecuteFrames:
         with pytest.raises(InvalidArgumentError) as info:
             execute_request_from_bytes(body)
         assert info.value.reason == "BAD_BODY"
+
+
+class TestMessageFrames:
+    """ExecuteStream's framing: a message split across MessageFrames, rebuilt in one buffer."""
+
+    PIECES = execute_request_pieces("mul", TestExecuteFrames.ARGS, False)
+
+    @pytest.mark.parametrize("frame_bytes", [7, 1000, 65536, 1 << 20])
+    def test_frames_are_protobuf_messages_that_join_to_the_message(self, frame_bytes):
+        frames = list(message_frames(self.PIECES, frame_bytes))
+        msgs = [pb.MessageFrame.FromString(f) for f in frames]
+        whole = b"".join(self.PIECES)
+        assert msgs[0].total_bytes == len(whole) and all(m.total_bytes == 0 for m in msgs[1:])
+        assert all(len(m.data) == frame_bytes for m in msgs[:-1]) and 0 < len(msgs[-1].data) <= frame_bytes
+        assert b"".join(m.data for m in msgs) == whole
+        body = assemble_message(frames, "request")
+        assert bytes(body) == whole and body.readonly
+        op, args, _ = execute_request_from_bytes(body)
+        assert op == "mul"
+        assert_same(TestExecuteFrames.ARGS["sp_input"], args["sp_input"])
+        for a in _decoded_arrays(args["sp_input"]):
+            assert a.ctypes.data % 16 == 0 and not a.flags.writeable, "unaligned, or writable into the buffer"
+
+    def test_frames_written_by_protobuf_assemble(self):
+        whole = b"".join(self.PIECES)
+        frames = [pb.MessageFrame(total_bytes=len(whole), data=whole[:100]).SerializeToString(),
+                  pb.MessageFrame(data=whole[100:]).SerializeToString()]
+        assert bytes(assemble_message(frames, "request")) == whole
+
+    def test_empty_message(self):
+        frames = list(message_frames([b""]))
+        assert len(frames) == 1 and bytes(assemble_message(frames, "reply")) == b""
+        assert bytes(assemble_message([b""], "reply")) == b""  # protobuf leaves out zeros
+
+    @pytest.mark.parametrize("frames, error, reason, words", [
+        ([], InvalidArgumentError, "BAD_STREAM", "no frames"),
+        ([b"\xff"], InvalidArgumentError, "BAD_STREAM", "not a valid message"),
+        ([pb.MessageFrame(total_bytes=3, data=b"abcd").SerializeToString()],
+         InvalidArgumentError, "BUFFER_LENGTH", "more than the 3 bytes"),
+        ([pb.MessageFrame(total_bytes=5, data=b"abc").SerializeToString()],
+         InvalidArgumentError, "BUFFER_LENGTH", "after 3 of the 5 bytes"),
+        ([pb.MessageFrame(total_bytes=5, data=b"abc").SerializeToString(),
+          pb.MessageFrame(total_bytes=5, data=b"de").SerializeToString()],
+         InvalidArgumentError, "BAD_STREAM", "only the first"),
+        ([pb.MessageFrame(total_bytes=-1).SerializeToString()], InvalidArgumentError, "BAD_STREAM", "negative"),
+        ([pb.MessageFrame(total_bytes=1 << 40).SerializeToString()],
+         ResourceExhaustedError, "REQUEST_TOO_LARGE", "over the limit of 1000 bytes"),
+        ([b"\x1a\x01x"], InvalidArgumentError, "BAD_STREAM", "not field 3"),
+    ])
+    def test_bad_streams_are_refused_before_allocating(self, frames, error, reason, words):
+        with pytest.raises(error) as info:
+            assembler = MessageAssembler("request", max_bytes=1000)
+            for frame in frames:
+                assembler.add(frame)
+            assembler.finish()
+        assert info.value.reason == reason and words in info.value.message and "request" in info.value.message

@@ -214,6 +214,77 @@ def test_raw_grpc_request_that_is_no_message_gets_invalid_argument(server):
         assert c.reorder(SparseTensor(indices=[[1], [0]], values=[2, 1], dense_shape=[2])).values.tolist() == [1, 2]
 
 
+def test_big_requests_go_by_execute_stream_with_the_same_answers(server):
+    """Requests over ``stream_above_bytes`` travel as MessageFrames both ways (sync and async
+    SDK); answers, kept handles and errors are those of unary Execute."""
+    rng = np.random.default_rng(5)
+    st = random_coo(rng, (300, 400), 3000)
+    dense = rng.standard_normal((300, 400))
+
+    def refuse_unary(*args, **kwargs):
+        raise AssertionError("a request over stream_above_bytes went by unary Execute")
+
+    with make_client(server, "grpc") as unary, make_client(server, "grpc", stream_above_bytes=0) as c:
+        c._raw.execute = refuse_unary
+        product = unary.mul(st, dense)
+        assert_same_tensor(c.mul(st, dense), product)
+        assert np.array_equal(c.to_dense(st, validate_indices=False), reference_dense(st))
+        kept = c.add(st, st, keep=True)
+        assert isinstance(kept, RemoteTensor)
+        assert_same_tensor(c.get(kept), unary.add(st, st))
+        with pytest.raises(InvalidArgumentError) as info:
+            c.to_dense(SparseTensor(indices=[[5]], values=[1.0], dense_shape=[3]))
+        assert info.value.reason == "INDEX_OUT_OF_RANGE"
+
+    async def main():
+        async with AsyncClient(server.grpc_target, stream_above_bytes=0) as ac:
+            ac._raw.execute = refuse_unary
+            return await ac.call("mul", sp_input=st, dense=dense)
+
+    assert_same_tensor(asyncio.run(main()), product)
+
+
+def assert_same_tensor(a: SparseTensor, b: SparseTensor) -> None:
+    assert a.dense_shape == b.dense_shape and a.dtype == b.dtype
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values, b.values)
+
+
+def test_raw_execute_stream_refuses_bad_streams_and_keeps_serving(server):
+    from sparseserve._frames import message_frames
+    from sparseserve.v1 import sparseserve_pb2 as pb
+
+    request = pb.ExecuteRequest(op="reorder", args={"sp_input": pb.Value(tensor=pb.Tensor(sparse=pb.SparseTensor(
+        dense_shape=[3], indices=pb.Array(dtype=pb.INT64, shape=[2, 1], data=np.array([2, 0]).tobytes()),
+        values=pb.Array(dtype=pb.FLOAT64, shape=[2], data=np.array([1.0, 2.0]).tobytes()))))})
+    whole = request.SerializeToString()
+    cases = [
+        (list(message_frames([whole], 5)), None, None),
+        ([pb.MessageFrame(total_bytes=1 << 40).SerializeToString()], grpc.StatusCode.RESOURCE_EXHAUSTED,
+         "REQUEST_TOO_LARGE"),
+        ([pb.MessageFrame(total_bytes=len(whole), data=whole[:-1]).SerializeToString()],
+         grpc.StatusCode.INVALID_ARGUMENT, "BUFFER_LENGTH"),
+        ([b"\xff\xff"], grpc.StatusCode.INVALID_ARGUMENT, "BAD_STREAM"),
+        (list(message_frames([b"\x12\xff\xff"])), grpc.StatusCode.INVALID_ARGUMENT, "BAD_BODY"),
+    ]
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        execute_stream = channel.stream_stream("/sparseserve.v1.SparseService/ExecuteStream",
+                                               request_serializer=None, response_deserializer=None)
+        for frames, code, reason in cases:
+            if code is None:
+                replies = [pb.MessageFrame.FromString(f) for f in execute_stream(iter(frames))]
+                response = pb.ExecuteResponse.FromString(b"".join(r.data for r in replies))
+                assert replies[0].total_bytes == len(response.SerializeToString())
+                values = np.frombuffer(response.outputs[0].tensor.sparse.values.data, np.float64)
+                assert values.tolist() == [2.0, 1.0]
+                continue
+            with pytest.raises(grpc.RpcError) as info:
+                list(execute_stream(iter(frames)))
+            assert info.value.code() == code
+            assert dict(info.value.trailing_metadata())["sparseserve-reason"] == reason
+    with make_client(server, "grpc") as c:
+        assert c.reorder(SparseTensor(indices=[[1], [0]], values=[2, 1], dense_shape=[2])).values.tolist() == [1, 2]
+
+
 def test_grpc_health_and_reflection(server):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc

@@ -197,6 +197,14 @@ class TensorChunk(_message.Message):
     data: bytes
     def __init__(self, header: _Optional[_Union[Tensor, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class MessageFrame(_message.Message):
+    __slots__ = ("total_bytes", "data")
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    data: bytes
+    def __init__(self, total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class Handle(_message.Message):
     __slots__ = ("handle", "nbytes")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
