@@ -8,6 +8,7 @@ The op methods are not written here: they come from the server's catalogue
 from __future__ import annotations
 
 import inspect
+import ssl
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -71,13 +72,26 @@ class RemoteTensor(HandleRef):
         return self.client.delete(self)
 
 
-def _split_target(target: str) -> tuple[str, str]:
-    """(wire, address): "http(s)://..." speaks REST, "grpc://host:port" or "host:port" gRPC."""
+def _split_target(target: str) -> tuple[str, str, bool]:
+    """(wire, address, tls): "http(s)://..." speaks REST, "grpc(s)://host:port" or "host:port"
+    gRPC; https and grpcs use TLS."""
     if target.startswith(("http://", "https://")):
-        return "rest", target.rstrip("/")
-    if target.startswith("grpc://"):
-        return "grpc", target[len("grpc://"):]
-    return "grpc", target
+        return "rest", target.rstrip("/"), target.startswith("https://")
+    for scheme in ("grpc://", "grpcs://"):
+        if target.startswith(scheme):
+            return "grpc", target[len(scheme):], scheme == "grpcs://"
+    return "grpc", target, False
+
+
+def _read_ca(ca_file: str) -> bytes:
+    """The PEM bytes of ``ca_file``, checked now so a bad file fails here, not at the first call."""
+    try:
+        with open(ca_file, "rb") as fh:
+            pem = fh.read()
+        ssl.create_default_context(cadata=pem.decode("ascii"))
+    except (OSError, ssl.SSLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"ca_file {ca_file!r} must be a readable PEM CA certificate: {exc}") from None
+    return pem
 
 
 def _prepare(value: Any) -> Any:
@@ -99,11 +113,16 @@ class _Base:
     def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None,
                  encoding: str = "protobuf", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 stream_above_bytes: int = DEFAULT_STREAM_ABOVE_BYTES):
+                 stream_above_bytes: int = DEFAULT_STREAM_ABOVE_BYTES, ca_file: str | None = None):
         if encoding not in ("protobuf", "json"):
             raise ValueError("encoding must be 'protobuf' or 'json'")
         self.target = target
-        self.wire, self._address = _split_target(target)
+        self.wire, self._address, self.tls = _split_target(target)
+        if ca_file is not None and not self.tls:
+            raise ValueError(f"ca_file is for TLS targets (grpcs://host:port or https://...); "
+                             f"{target!r} is plaintext")
+        # None: the system's roots, for gRPC and for httpx alike.
+        self._ca_pem = _read_ca(ca_file) if ca_file is not None else None
         self.token = token
         self.timeout = timeout
         self.encoding = encoding
@@ -117,6 +136,17 @@ class _Base:
         self._grpc_options = [("grpc.max_receive_message_length", max_message_bytes),
                               ("grpc.max_send_message_length", max_message_bytes),
                               *GRPC_WINDOW_OPTIONS]
+
+    def _open_channel(self, grpc_api):
+        """A channel from ``grpc`` or ``grpc.aio``: TLS for grpcs:// targets, plaintext otherwise."""
+        if not self.tls:
+            return grpc_api.insecure_channel(self._address, options=self._grpc_options)
+        credentials = grpc.ssl_channel_credentials(root_certificates=self._ca_pem)
+        return grpc_api.secure_channel(self._address, credentials, options=self._grpc_options)
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        """httpx's ``verify``: the CA file's context, or True for the system's roots."""
+        return ssl.create_default_context(cadata=self._ca_pem.decode("ascii")) if self._ca_pem else True
 
     # ------------------------------------------------------------ catalogue
     def _set_catalogue(self, device: str, ops: list[dict]) -> dict[str, dict]:
@@ -144,6 +174,17 @@ class _Base:
                        for _, v in outputs)
         return values[0] if len(values) == 1 else values
 
+    def _call_ids(self, request_id: str | None) -> tuple[str, tuple]:
+        """(request id, gRPC metadata) of one call: the caller's id, else a fresh one."""
+        rid = _wire.new_request_id(request_id)
+        return rid, (*self._metadata, (_wire.REQUEST_ID_KEY, rid))
+
+    def _http_ids(self, request_id: str | None, kwargs: dict) -> str:
+        """The id of one REST call, added to ``kwargs``' headers."""
+        rid = _wire.new_request_id(request_id)
+        kwargs["headers"] = {**(kwargs.get("headers") or {}), _wire.REQUEST_ID_KEY: rid}
+        return rid
+
     def _method(self, op: dict, fn):
         fn.__name__ = op["name"]
         fn.__qualname__ = f"{type(self).__name__}.{op['name']}"
@@ -154,6 +195,7 @@ class _Base:
                                     default=inspect.Parameter.empty if a["required"] else a["default"])
                   for a in op["args"]]
         params.append(inspect.Parameter("keep", inspect.Parameter.KEYWORD_ONLY, default=False))
+        params.append(inspect.Parameter("request_id", inspect.Parameter.KEYWORD_ONLY, default=None))
         fn.__signature__ = inspect.Signature(params)
         return fn
 
@@ -174,31 +216,37 @@ class Client(_Base):
 
     ``Client("localhost:50051")`` speaks gRPC; ``Client("http://localhost:8000")``
     speaks REST (protobuf bodies by default, ``encoding="json"`` for JSON).
+    ``grpcs://host:port`` and ``https://...`` use TLS, trusting the PEM ``ca_file`` or, without
+    it, the system's roots.
     """
 
     def __init__(self, target: str, **kwargs: Any):
         super().__init__(target, **kwargs)
         if self.wire == "grpc":
-            self._channel = grpc.insecure_channel(self._address, options=self._grpc_options)
+            self._channel = self._open_channel(grpc)
             self._stub = pb_grpc.SparseServiceStub(self._channel)
             self._raw = _raw_methods(self._channel)
         else:
-            self._http = httpx.Client(base_url=self._address, timeout=self.timeout, headers=self._headers)
+            self._http = httpx.Client(base_url=self._address, timeout=self.timeout, headers=self._headers,
+                                      verify=self._verify())
 
     # ---------------------------------------------------------------- IO
-    def _grpc(self, method, request):
+    def _grpc(self, method, request, request_id: str | None = None):
+        rid, metadata = self._call_ids(request_id)
         try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
+            return method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as exc:
-            raise _wire.grpc_error(exc) from None
+            raise _wire.grpc_error(exc, rid) from None
 
-    def _http_call(self, method: str, path: str, **kwargs) -> httpx.Response:
+    def _http_call(self, method: str, path: str, *, request_id: str | None = None, **kwargs) -> httpx.Response:
+        rid = self._http_ids(request_id, kwargs)
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise _wire.transport_error(exc) from None
+            raise _wire.transport_error(exc, rid) from None
         if response.status_code >= 400:
-            raise _wire.http_error(response.status_code, response.content)
+            raise _wire.http_error(response.status_code, response.content,
+                                   response.headers.get(_wire.REQUEST_ID_KEY, rid))
         return response
 
     def list_ops(self) -> dict[str, dict]:
@@ -212,23 +260,26 @@ class Client(_Base):
             self._set_catalogue(device, ops)
         return self._catalogue
 
-    def call(self, op: str, *args: Any, keep: bool = False, **kwargs: Any) -> Any:
-        """Run any op by name; several outputs come back as a tuple in declared order."""
+    def call(self, op: str, *args: Any, keep: bool = False, request_id: str | None = None, **kwargs: Any) -> Any:
+        """Run any op by name; several outputs come back as a tuple in declared order.
+        ``request_id``: the id the server logs this call under (default: a fresh one)."""
         named = self._bind(op, args, kwargs, self.list_ops() if args else self._catalogue)
         if self.wire == "grpc":
             pieces = execute_request_pieces(op, named, keep)
             if sum(len(p) for p in pieces) > self.stream_above_bytes:
+                rid, metadata = self._call_ids(request_id)
                 try:
                     reply = assemble_message(self._raw.execute_stream(message_frames(pieces, self.chunk_bytes),
-                                                                      timeout=self.timeout, metadata=self._metadata),
+                                                                      timeout=self.timeout, metadata=metadata),
                                              "reply")
                 except grpc.RpcError as exc:
-                    raise _wire.grpc_error(exc) from None
+                    raise _wire.grpc_error(exc, rid) from None
             else:
-                reply = self._grpc(self._raw.execute, b"".join(pieces))
+                reply = self._grpc(self._raw.execute, b"".join(pieces), request_id)
             outputs = outputs_from_bytes(reply)
         else:
-            response = self._http_call("POST", f"/v1/ops/{op}", **_wire.rest_execute(op, named, keep, self.encoding))
+            response = self._http_call("POST", f"/v1/ops/{op}", request_id=request_id,
+                                       **_wire.rest_execute(op, named, keep, self.encoding))
             outputs = _wire.rest_outputs(response.content, self.encoding)
         return self._shape_result(outputs)
 
@@ -245,7 +296,8 @@ class Client(_Base):
 
     def __getattr__(self, name: str):
         op = self._op_attr(name, self.list_ops() if not name.startswith("_") else {})
-        return self._method(op, lambda *a, keep=False, **k: self.call(name, *a, keep=keep, **k))
+        return self._method(op, lambda *a, keep=False, request_id=None, **k:
+                            self.call(name, *a, keep=keep, request_id=request_id, **k))
 
     def put(self, tensor: Any, *, shared_memory: bool = False) -> RemoteTensor:
         """Keep a tensor on the server (any size: gRPC streams it in chunks). ``shared_memory``:
@@ -256,11 +308,12 @@ class Client(_Base):
 
             return _shm.put(self, tensor)
         if self.wire == "grpc":
+            rid, metadata = self._call_ids(None)
             try:
                 reply = self._raw.upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
-                                          metadata=self._metadata)
+                                          metadata=metadata)
             except grpc.RpcError as exc:
-                raise _wire.grpc_error(exc) from None
+                raise _wire.grpc_error(exc, rid) from None
             return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
         body = self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding, streamed=True)).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
@@ -272,20 +325,24 @@ class Client(_Base):
 
             return _shm.get(self, _handle_of(handle))
         if self.wire == "grpc":
+            rid, metadata = self._call_ids(None)
             try:
                 stream = self._raw.download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
-                                             metadata=self._metadata)
+                                             metadata=metadata)
                 return assemble(stream, "tensor")
             except grpc.RpcError as exc:
-                raise _wire.grpc_error(exc) from None
+                raise _wire.grpc_error(exc, rid) from None
+        kwargs: dict = {}
+        rid = self._http_ids(None, kwargs)
         try:
-            with self._http.stream("GET", f"/v1/tensors/{_handle_of(handle)}") as response:
+            with self._http.stream("GET", f"/v1/tensors/{_handle_of(handle)}", **kwargs) as response:
                 if response.status_code >= 400:
-                    raise _wire.http_error(response.status_code, response.read())
+                    raise _wire.http_error(response.status_code, response.read(),
+                                           response.headers.get(_wire.REQUEST_ID_KEY, rid))
                 length = response.headers.get("content-length")
                 body = _wire.collect_body(response.iter_bytes(), int(length) if length else None)
         except httpx.HTTPError as exc:
-            raise _wire.transport_error(exc) from None
+            raise _wire.transport_error(exc, rid) from None
         return _wire.decode_rest_tensor(body, response.headers.get("content-type", ""))
 
     def delete(self, handle: HandleRef | str) -> None:
@@ -315,26 +372,30 @@ class AsyncClient(_Base):
     def __init__(self, target: str, **kwargs: Any):
         super().__init__(target, **kwargs)
         if self.wire == "grpc":
-            self._channel = grpc.aio.insecure_channel(self._address, options=self._grpc_options)
+            self._channel = self._open_channel(grpc.aio)
             self._stub = pb_grpc.SparseServiceStub(self._channel)
             self._raw = _raw_methods(self._channel)
         else:
             self._http = httpx.AsyncClient(base_url=self._address, timeout=self.timeout,
-                                           headers=self._headers)
+                                           headers=self._headers, verify=self._verify())
 
-    async def _grpc(self, method, request):
+    async def _grpc(self, method, request, request_id: str | None = None):
+        rid, metadata = self._call_ids(request_id)
         try:
-            return await method(request, timeout=self.timeout, metadata=self._metadata)
+            return await method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as exc:
-            raise _wire.grpc_error(exc) from None
+            raise _wire.grpc_error(exc, rid) from None
 
-    async def _http_call(self, method: str, path: str, **kwargs) -> httpx.Response:
+    async def _http_call(self, method: str, path: str, *, request_id: str | None = None,
+                         **kwargs) -> httpx.Response:
+        rid = self._http_ids(request_id, kwargs)
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise _wire.transport_error(exc) from None
+            raise _wire.transport_error(exc, rid) from None
         if response.status_code >= 400:
-            raise _wire.http_error(response.status_code, response.content)
+            raise _wire.http_error(response.status_code, response.content,
+                                   response.headers.get(_wire.REQUEST_ID_KEY, rid))
         return response
 
     async def list_ops(self) -> dict[str, dict]:
@@ -347,24 +408,26 @@ class AsyncClient(_Base):
             self._set_catalogue(device, ops)
         return self._catalogue
 
-    async def call(self, op: str, *args: Any, keep: bool = False, **kwargs: Any) -> Any:
+    async def call(self, op: str, *args: Any, keep: bool = False, request_id: str | None = None,
+                   **kwargs: Any) -> Any:
         named = self._bind(op, args, kwargs, (await self.list_ops()) if args else self._catalogue)
         if self.wire == "grpc":
             pieces = execute_request_pieces(op, named, keep)
             if sum(len(p) for p in pieces) > self.stream_above_bytes:
                 assembler = MessageAssembler("reply")
+                rid, metadata = self._call_ids(request_id)
                 try:
                     async for frame in self._raw.execute_stream(message_frames(pieces, self.chunk_bytes),
-                                                                timeout=self.timeout, metadata=self._metadata):
+                                                                timeout=self.timeout, metadata=metadata):
                         assembler.add(frame)
                 except grpc.RpcError as exc:
-                    raise _wire.grpc_error(exc) from None
+                    raise _wire.grpc_error(exc, rid) from None
                 reply = assembler.finish()
             else:
-                reply = await self._grpc(self._raw.execute, b"".join(pieces))
+                reply = await self._grpc(self._raw.execute, b"".join(pieces), request_id)
             outputs = outputs_from_bytes(reply)
         else:
-            response = await self._http_call("POST", f"/v1/ops/{op}",
+            response = await self._http_call("POST", f"/v1/ops/{op}", request_id=request_id,
                                              **_wire.rest_execute(op, named, keep, self.encoding))
             outputs = _wire.rest_outputs(response.content, self.encoding)
         return self._shape_result(outputs)
@@ -389,31 +452,33 @@ class AsyncClient(_Base):
                                  "methods, or use `await client.call(name, ...)`")
         op = self._op_attr(name, self._catalogue or {})
 
-        async def method(*a, keep=False, **k):
-            return await self.call(name, *a, keep=keep, **k)
+        async def method(*a, keep=False, request_id=None, **k):
+            return await self.call(name, *a, keep=keep, request_id=request_id, **k)
 
         return self._method(op, method)
 
     async def put(self, tensor: Any) -> RemoteTensor:
         tensor = as_tensor(tensor)
         if self.wire == "grpc":
+            rid, metadata = self._call_ids(None)
             try:
                 reply = await self._raw.upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
-                                                metadata=self._metadata)
+                                                metadata=metadata)
             except grpc.RpcError as exc:
-                raise _wire.grpc_error(exc) from None
+                raise _wire.grpc_error(exc, rid) from None
             return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
         body = (await self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding))).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
     async def get(self, handle: HandleRef | str) -> Any:
         if self.wire == "grpc":
+            rid, metadata = self._call_ids(None)
             try:
                 call = self._raw.download(pb.Handle(handle=_handle_of(handle)), timeout=self.timeout,
-                                           metadata=self._metadata)
+                                           metadata=metadata)
                 return assemble([chunk async for chunk in call], "tensor")
             except grpc.RpcError as exc:
-                raise _wire.grpc_error(exc) from None
+                raise _wire.grpc_error(exc, rid) from None
         response = await self._http_call("GET", f"/v1/tensors/{_handle_of(handle)}")
         return _wire.decode_rest_tensor(response.content, response.headers.get("content-type", ""))
 

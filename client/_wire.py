@@ -5,6 +5,7 @@ only in how they do IO."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, Iterable, Iterator
 
 import grpc
@@ -13,11 +14,13 @@ import numpy as np
 from ._codec import tensor_from_bytes, tensor_pieces, value_from_pb, value_to_pb
 from ._frames import execute_request_bytes, outputs_from_bytes
 from ._json import tensor_from_json, tensor_to_json, value_to_json
-from .errors import (REASON_METADATA_KEY, DeadlineExceededError, SparseServeError,
+from .errors import (REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, DeadlineExceededError, SparseServeError,
                      UnavailableError, error_for_code, error_for_grpc_status)
 from .v1 import sparseserve_pb2 as pb
 
 PROTOBUF = "application/x-protobuf"
+# The HTTP header and gRPC metadata key a caller's request id travels in.
+REQUEST_ID_KEY = "x-request-id"
 _HTTP_TO_CODE = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED",
                  403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED",
                  429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
@@ -60,18 +63,22 @@ def catalogue_from_pb(resp: pb.ListOpsResponse) -> tuple[str, list[dict[str, Any
     return resp.device, ops
 
 
-def grpc_error(exc: grpc.RpcError) -> SparseServeError:
-    """The SDK error for a failed gRPC call."""
+def grpc_error(exc: grpc.RpcError, request_id: str | None = None) -> SparseServeError:
+    """The SDK error for a failed gRPC call; its request id is the server's, else the one sent."""
     code = exc.code()
     details = exc.details() or code.name
     metadata = exc.trailing_metadata() or ()
     meta = {k: v for k, v in metadata}
-    err = error_for_grpc_status(code, details, meta.get(REASON_METADATA_KEY))
-    return err
+    return error_for_grpc_status(code, details, meta.get(REASON_METADATA_KEY),
+                                 meta.get(REQUEST_ID_METADATA_KEY) or request_id)
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def new_request_id(chosen: str | None = None) -> str:
+    return chosen or uuid.uuid4().hex
 
 
 # ------------------------------------------------------------------ REST
@@ -150,23 +157,26 @@ def http_headers(token: str | None, encoding: str) -> dict[str, str]:
     return headers
 
 
-def http_error(status: int, body: bytes) -> SparseServeError:
-    """The SDK error for an HTTP error response (the JSON error body of SPEC section 6)."""
+def http_error(status: int, body: bytes, request_id: str | None = None) -> SparseServeError:
+    """The SDK error for an HTTP error response (the JSON error body of SPEC section 6);
+    ``request_id`` (the response's header, else the one sent) when the body has none."""
     try:
         err = json.loads(body)["error"]
-        return error_for_code(err["code"], err["message"], err.get("reason"), err.get("request_id"))
+        return error_for_code(err["code"], err["message"], err.get("reason"),
+                              err.get("request_id") or request_id)
     except (ValueError, KeyError, TypeError):
         code = _HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
-        return error_for_code(code, f"HTTP {status}: {body[:200]!r}")
+        return error_for_code(code, f"HTTP {status}: {body[:200]!r}", request_id=request_id)
 
 
-def transport_error(exc: Exception) -> SparseServeError:
+def transport_error(exc: Exception, request_id: str | None = None) -> SparseServeError:
     """httpx timeouts and connection failures as SDK errors."""
     import httpx
 
     if isinstance(exc, httpx.TimeoutException):
-        return DeadlineExceededError(f"no answer within the timeout: {exc}", reason="TIMEOUT")
-    return UnavailableError(f"cannot reach the server: {exc}", reason="CONNECTION")
+        return DeadlineExceededError(f"no answer within the timeout: {exc}", reason="TIMEOUT",
+                                     request_id=request_id)
+    return UnavailableError(f"cannot reach the server: {exc}", reason="CONNECTION", request_id=request_id)
 
 
 def decode_rest_tensor(content: bytes | memoryview, content_type: str) -> Any:

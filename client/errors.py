@@ -123,6 +123,8 @@ _BY_GRPC = {cls.grpc_status: cls for cls in _CLASSES}
 
 # The trailing-metadata key that carries the reason on gRPC.
 REASON_METADATA_KEY = "sparseserve-reason"
+# ... and the request id (REST: the JSON error body and the x-request-id header).
+REQUEST_ID_METADATA_KEY = "sparseserve-request-id"
 
 
 def error_for_code(code: str, message: str, reason: str | None = None,

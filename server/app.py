@@ -14,6 +14,7 @@ import uvicorn
 
 from .config import ServerConfig
 from .grpc_wire import create_grpc_server, set_serving
+from .metrics import JsonFormatter
 from .rest_wire import create_app
 from .service import Service
 
@@ -50,7 +51,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
 
     http = _Uvicorn(uvicorn.Config(create_app(service), host=config.host, port=config.http_port,
                                    log_level=config.log_level, access_log=False, lifespan="off",
-                                   timeout_graceful_shutdown=int(GRACE_SECONDS)))
+                                   log_config=None,  # uvicorn's lines go through our JSON handler
+                                   timeout_graceful_shutdown=int(GRACE_SECONDS),
+                                   ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key))
     http_task = asyncio.create_task(http.serve())
     while not http.started:
         if http_task.done():  # failed to bind, say
@@ -59,7 +62,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         await asyncio.sleep(0.01)
     http_port = http.servers[0].sockets[0].getsockname()[1]
     _announce("listening", host=config.host, grpc_port=grpc_port, http_port=http_port,
-              device=service.device)
+              device=service.device, tls=bool(config.tls_cert))
 
     # Kernels compile (or load from numba's cache) off the loop; both wires answer meanwhile.
     warm = loop.run_in_executor(service.executor, service.warm_up)
@@ -80,8 +83,8 @@ def _mark_ready(health, service: Service) -> None:
 
 
 def run(config: ServerConfig) -> int:
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format='{"time": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", '
-                               '"message": "%(message)s"}')
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     asyncio.run(serve(config))
     return 0

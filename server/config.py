@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 from dataclasses import dataclass, fields
 
 __all__ = ["ServerConfig", "build_parser", "config_from_args"]
@@ -31,6 +32,8 @@ class ServerConfig:
     shm_ttl: float = 60.0
     workers: int = 0  # 0: one per CPU core
     log_level: str = "info"
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def tokens(self) -> dict[str, str]:
         """token -> tenant name. Empty: no authentication."""
@@ -68,6 +71,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
                        "before the server unlinks it"),
     "workers": (int, "kernel worker threads (0: one per CPU core)"),
     "log_level": (str, "debug, info, warning or error"),
+    "tls_cert": (str, "PEM certificate (chain) file; with --tls-key, gRPC serves TLS and REST HTTPS only"),
+    "tls_key": (str, "PEM private key file of --tls-cert"),
 }
 
 
@@ -106,4 +111,28 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     if not 0 < ns.max_request_bytes <= MAX_REQUEST_BYTES_LIMIT:
         parser.error(f"--max-request-bytes must be between 1 and {MAX_REQUEST_BYTES_LIMIT} (gRPC's "
                      f"message limit); larger tensors go up with put, which streams them")
+    _check_tls(parser, ns)
     return ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)})
+
+
+def _check_tls(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    # Checked here, not at bind time: a half-configured TLS must not fall back to plaintext,
+    # and a bad path should stop the process before it announces ports.
+    given = {flag: path for flag, path in (("--tls-cert", ns.tls_cert), ("--tls-key", ns.tls_key)) if path}
+    if len(given) == 1:
+        flag, other, other_env = (("--tls-cert", "--tls-key", env_name("tls_key")) if "--tls-cert" in given
+                                  else ("--tls-key", "--tls-cert", env_name("tls_cert")))
+        parser.error(f"{flag} needs {other} too (or {other_env}): "
+                     "TLS takes both a certificate and its key, or neither")
+    for flag, path in given.items():
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            parser.error(f"{flag} {path}: cannot read it ({exc.strerror})")
+    if given:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(ns.tls_cert, ns.tls_key)
+        except ssl.SSLError as exc:
+            parser.error(f"--tls-cert {ns.tls_cert} and --tls-key {ns.tls_key} must be a PEM certificate "
+                         f"and its private key: {exc}")

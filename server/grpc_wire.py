@@ -3,6 +3,7 @@ standard health checking and reflection services."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, AsyncIterator
 
@@ -14,11 +15,12 @@ from sparseserve._codec import ChunkAssembler, iter_chunks, value_to_pb
 from sparseserve._frames import (MessageAssembler, execute_request_from_bytes, message_frames, outputs_pieces,
                                 outputs_to_bytes)
 from sparseserve._client import GRPC_WINDOW_OPTIONS
-from sparseserve._wire import pipeline_from_pb
-from sparseserve.errors import REASON_METADATA_KEY, InternalError, SparseServeError
+from sparseserve._wire import REQUEST_ID_KEY, pipeline_from_pb
+from sparseserve.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, InternalError, SparseServeError
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
+from .metrics import Metrics, RequestInfo, count_sent, current
 from .service import Service, arguments_nbytes
 
 __all__ = ["create_grpc_server", "catalogue_to_pb"]
@@ -43,7 +45,12 @@ def catalogue_to_pb(catalogue: list[dict[str, Any]], device: str) -> pb.ListOpsR
 
 
 async def _abort(context: grpc.aio.ServicerContext, err: SparseServeError):
-    context.set_trailing_metadata(((REASON_METADATA_KEY, err.reason),))
+    metadata = [(REASON_METADATA_KEY, err.reason)]
+    info = current.get()
+    if info is not None:
+        info.code = err.code
+        metadata.append((REQUEST_ID_METADATA_KEY, info.request_id))
+    context.set_trailing_metadata(tuple(metadata))
     await context.abort(err.grpc_status, err.message)
 
 
@@ -99,6 +106,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         pieces = await self._guard(context, run())
         for frame in message_frames(pieces):
             await context.write(frame)
+            count_sent(len(frame))
 
     async def Upload(self, request_iterator: AsyncIterator[bytes], context) -> pb.Handle:
         async def run():
@@ -120,6 +128,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             return
         for frame in iter_chunks(tensor):
             await context.write(frame)
+            count_sent(len(frame))
 
     async def ExecutePipeline(self, request: pb.PipelineRequest, context) -> bytes:
         async def run():
@@ -166,6 +175,51 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
 # INVALID_ARGUMENT in the handler rather than a failure inside grpc's deserializer.
 _RAW_REQUESTS = {"Upload", "Execute", "ExecuteStream"}
 _RAW_RESPONSES = {"Download", "Execute", "ExecuteStream", "ExecutePipeline"}
+# The "op" label of a method: its name, but for Execute's the op it runs (set once parsed).
+_METHOD_OPS = {"Execute": "unknown", "ExecuteStream": "unknown", "ExecutePipeline": "pipeline"}
+
+
+def _metadata_value(context, key: str) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v
+    return None
+
+
+async def _counted(frames: AsyncIterator[bytes], info: RequestInfo) -> AsyncIterator[bytes]:
+    async for frame in frames:
+        info.bytes_in += len(frame)
+        yield frame
+
+
+def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
+    """``handler`` with a request id, metrics and an access line: one wrapper for every method,
+    so that no handler has to remember them."""
+    op = _METHOD_OPS.get(method, method)
+
+    async def observed(request, context):
+        info, token = metrics.begin("grpc", op, _metadata_value(context, REQUEST_ID_KEY))
+        if streamed_request:
+            request = _counted(request, info)
+        else:
+            info.bytes_in = len(request) if isinstance(request, bytes) else request.ByteSize()
+        try:
+            reply = await handler(request, context)
+            if reply is not None:
+                info.bytes_out += len(reply) if isinstance(reply, bytes) else reply.ByteSize()
+            return reply
+        except grpc.aio.AbortError:  # _abort recorded the code
+            raise
+        except asyncio.CancelledError:
+            info.code = "CANCELLED"
+            raise
+        except Exception:  # grpc answers UNKNOWN
+            info.code = "UNKNOWN"
+            raise
+        finally:
+            metrics.end(info, token)
+
+    return observed
 
 
 def _add_servicer(servicer: SparseServicer, server: grpc.aio.Server) -> None:
@@ -181,7 +235,8 @@ def _add_servicer(servicer: SparseServicer, server: grpc.aio.Server) -> None:
         make = kinds[method.client_streaming, method.server_streaming]
         request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
         handlers[method.name] = make(
-            getattr(servicer, method.name),
+            _observed(servicer.service.metrics, method.name, getattr(servicer, method.name),
+                      method.client_streaming),
             request_deserializer=None if method.name in _RAW_REQUESTS else request.FromString,
             response_serializer=None if method.name in _RAW_RESPONSES else response.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
@@ -206,7 +261,13 @@ def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.a
     names = (pb.DESCRIPTOR.services_by_name["SparseService"].full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(f"{service.config.host}:{service.config.grpc_port}")
+    address = f"{service.config.host}:{service.config.grpc_port}"
+    if service.config.tls_cert:
+        with open(service.config.tls_cert, "rb") as cert, open(service.config.tls_key, "rb") as key:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     return server, port, health_servicer
 
 

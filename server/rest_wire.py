@@ -20,11 +20,12 @@ from sparseserve._codec import tensor_from_bytes, tensor_pieces
 from sparseserve._frames import execute_request_from_bytes, outputs_to_bytes
 from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
 from sparseserve._tensor import OutputRef
-from sparseserve._wire import iter_slices, pipeline_from_pb
+from sparseserve._wire import _HTTP_TO_CODE, REQUEST_ID_KEY, iter_slices, pipeline_from_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
 from sparseserve.v1 import sparseserve_pb2 as pb
 
+from .metrics import CONTENT_TYPE_LATEST, current
 from .registry import OpDef
 from .service import Service, arguments_nbytes
 
@@ -50,8 +51,82 @@ def _is_protobuf_body(request: Request) -> bool:
 
 
 def error_response(err: SparseServeError) -> JSONResponse:
+    info = current.get()
+    if info is not None:
+        info.code = err.code
+        err.request_id = info.request_id
     status = 422 if err.code == "INVALID_ARGUMENT" and err.reason in _SCHEMA_REASONS else err.http_status
     return JSONResponse(err.to_json(), status_code=status)
+
+
+_REQUEST_ID_HEADER = REQUEST_ID_KEY.encode()
+# The "op" label of the routes that are not an op's; any other path is "unknown", so a client's
+# paths cannot make new label values.
+_ROUTE_OPS = {("GET", "/v1/ops"): "list_ops", ("POST", "/v1/tensors"): "put", ("POST", "/v1/pipelines"): "pipeline",
+              ("GET", "/healthz"): "healthz", ("GET", "/readyz"): "readyz", ("GET", "/docs"): "docs",
+              ("GET", "/openapi.json"): "openapi"}
+_HANDLE_OPS = {"GET": "get", "DELETE": "delete"}
+
+
+def _route_op(service: Service, method: str, path: str) -> str:
+    if path.startswith("/v1/ops/"):
+        name = path[len("/v1/ops/"):]
+        return name if method == "POST" and name in service.registry.ops else "unknown"
+    if path.startswith("/v1/tensors/"):
+        return _HANDLE_OPS.get(method, "unknown")
+    return _ROUTE_OPS.get((method, path), "unknown")
+
+
+class _Observe:
+    """Every HTTP request gets a request id (the x-request-id header of every response, error
+    bodies, log lines), metrics and an access line. Plain ASGI rather than BaseHTTPMiddleware,
+    which would buffer streamed bodies; it also turns bugs into the INTERNAL error body here,
+    inside the request's context, instead of in Starlette's outermost handler."""
+
+    def __init__(self, app, service: Service):
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = next((v.decode("latin-1") for k, v in scope["headers"] if k == _REQUEST_ID_HEADER), None)
+        counted = scope["path"] != "/metrics"  # the operator's scrapes are not traffic
+        metrics = self.service.metrics
+        info, token = metrics.begin("rest", _route_op(self.service, scope["method"], scope["path"]), given)
+        header = (_REQUEST_ID_HEADER, info.request_id.encode())
+        started = False
+
+        async def counted_receive():
+            message = await receive()
+            info.bytes_in += len(message.get("body", b""))
+            return message
+
+        async def observed_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", ()), header]
+                status = message["status"]
+                if status >= 400 and info.code == "OK":  # an error not raised as ours (404 route, ...)
+                    info.code = _HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
+            else:
+                info.bytes_out += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, observed_send)
+        except Exception as exc:
+            if started:
+                info.code = "INTERNAL"
+                raise
+            log.exception("unexpected error")  # keep serving; say it was a bug
+            await error_response(InternalError(f"{type(exc).__name__}: {exc}"))(scope, receive, observed_send)
+        finally:
+            if counted:
+                metrics.end(info, token)
+            else:
+                current.reset(token)
 
 
 async def _read_body(request: Request, service: Service) -> bytes | memoryview:
@@ -160,10 +235,12 @@ def create_app(service: Service) -> FastAPI:
     async def _service_error(request: Request, err: SparseServeError):
         return error_response(err)
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception):
-        log.exception("unexpected error")
-        return error_response(InternalError(f"{type(exc).__name__}: {exc}"))
+    app.add_middleware(_Observe, service=service)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics():
+        """Prometheus text. No token: it is the operator's, like /healthz."""
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", tags=["health"])
     async def healthz():

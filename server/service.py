@@ -9,6 +9,7 @@ them to its status codes in one place.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseSer
 
 from .argtypes import checked
 from .config import ServerConfig
+from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
 from .store import HandleStore, tensor_nbytes
@@ -69,6 +71,7 @@ class Service:
 
             self.batcher = Batcher(self, config.batch_window_ms / 1000, config.max_batch)
         self._shared = None
+        self.metrics = Metrics(self)
 
     @property
     def shared(self):
@@ -89,6 +92,9 @@ class Service:
         if tenant is None:
             raise UnauthenticatedError("a valid bearer token is required (Authorization: Bearer ...)",
                                        reason="BAD_TOKEN" if authorization else "MISSING_TOKEN")
+        info = current.get()
+        if info is not None:
+            info.tenant = tenant
         return tenant
 
     async def run(self, fn: Callable[..., Any], *args: Any, nbytes: int | None = None) -> Any:
@@ -103,7 +109,9 @@ class Service:
         try:
             if nbytes is not None and nbytes < INLINE_BYTES:
                 return fn(*args)
-            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+            # run_in_executor drops context variables; the request id must reach the worker's logs.
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, contextvars.copy_context().run, fn, *args)
         finally:
             self._in_flight -= 1
 
@@ -121,6 +129,7 @@ class Service:
 
     # ------------------------------------------------------------------ ops
     async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
+        name_op(op_name, self.registry.ops)
         op = self.registry.get(op_name)
         resolved = {name: self._resolve(value, tenant) for name, value in args.items()}
         if self.batcher is not None and op.batchable:

@@ -40,7 +40,8 @@ def test_readme_curl_examples_answer_what_they_say(server):
     for command, answer in zip(commands, answers):
         path = re.search(r"localhost:8000(\S+)", command).group(1)
         body = re.search(r"-d '(.*)'", command, flags=re.S).group(1)
-        r = httpx.post(server.http_url + path, content=body, headers={"content-type": "application/json"})
+        headers = dict(re.findall(r"-H '([^:]+): ([^']*)'", command))
+        r = httpx.post(server.http_url + path, content=body, headers=headers)
         assert r.json() == json.loads(answer)
         assert r.status_code == (400 if "error" in answer else 200)
 

@@ -323,7 +323,7 @@ def test_sdk_methods_come_from_the_catalogue(server):
         names = set(c.list_ops())
         assert names <= set(dir(c))
         sig = inspect.signature(c.to_dense)
-        assert list(sig.parameters) == ["sp_input", "default_value", "validate_indices", "keep"]
+        assert list(sig.parameters) == ["sp_input", "default_value", "validate_indices", "keep", "request_id"]
         assert sig.parameters["validate_indices"].default is True
         assert "tf.sparse.to_dense" in c.to_dense.__doc__
         with pytest.raises(AttributeError):
