@@ -148,7 +148,10 @@ def _int_list(obj: dict, key: str, name: str) -> list[int]:
 
 
 def _index_array(data: Any, dtype: np.dtype, name: str) -> np.ndarray:
-    arr = np.asarray(data) if not (isinstance(data, list) and len(data) == 0) else np.zeros(0, dtype)
+    try:
+        arr = np.asarray(data) if not (isinstance(data, list) and len(data) == 0) else np.zeros(0, dtype)
+    except (ValueError, TypeError, OverflowError):  # ragged lists, say
+        raise _bad(f"{name} must be a rectangular list of integers", reason="INDEX_DTYPE") from None
     if arr.dtype.kind not in "iu" and arr.size:
         raise _bad(f"{name} must hold integers", reason="INDEX_DTYPE")
     if arr.size and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:

@@ -8,6 +8,8 @@ broken rule and carries a stable ``reason`` word.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._dtypes import INDEX_DTYPES, check_supported
@@ -23,6 +25,10 @@ def _fail(message: str, reason: str) -> InvalidArgumentError:
     return InvalidArgumentError(message, reason=reason)
 
 
+# The most elements whose bytes int64 can count at the widest dtype (complex128: 16 bytes).
+EMPTY_SHAPE_MAX = INT64_MAX // 16
+
+
 def check_shape(shape, name: str) -> tuple[int, ...]:
     """No negative dimension, and the element count fits in int64."""
     shape = tuple(int(d) for d in shape)
@@ -34,6 +40,11 @@ def check_shape(shape, name: str) -> tuple[int, ...]:
     if total > INT64_MAX:
         raise _fail(f"{name} = {list(shape)} has {total} elements, more than int64 can count",
                     "SHAPE_OVERFLOW")
+    # numpy sizes an array by its nonzero dimensions even when one is zero, and refuses shapes
+    # whose bytes could not be counted: such an empty shape would fail inside an op instead.
+    if total == 0 and math.prod(d for d in shape if d) > EMPTY_SHAPE_MAX:
+        raise _fail(f"{name} = {list(shape)} is empty, but its other dimensions multiply to more than "
+                    f"{EMPTY_SHAPE_MAX} (2**59), past what an array can describe", "SHAPE_OVERFLOW")
     return shape
 
 
