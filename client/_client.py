@@ -132,7 +132,7 @@ class _Base:
         self._catalogue: dict[str, dict] | None = None
         self.device: str | None = None
         self._metadata = _wire.call_metadata(token)
-        self._headers = _wire.http_headers(token, encoding)
+        self._headers = _wire.http_headers(token, encoding, timeout)
         self._grpc_options = [("grpc.max_receive_message_length", max_message_bytes),
                               ("grpc.max_send_message_length", max_message_bytes),
                               *GRPC_WINDOW_OPTIONS]

@@ -420,9 +420,11 @@ class ChunkAssembler:
     its dtype (the wire packs them back to back).
     """
 
-    def __init__(self, name: str = "tensor", max_bytes: int | None = None):
+    def __init__(self, name: str = "tensor", max_bytes: int | None = None, *,
+                 limit: str = "the limit", reason: str = "TENSOR_TOO_LARGE"):
         self.name = name
         self.max_bytes = max_bytes
+        self._limit, self._reason = limit, reason  # how the error over max_bytes names it
         self._header: pb.Tensor | None = None
         self._specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
         self._buffers: list[np.ndarray] = []
@@ -469,8 +471,8 @@ class ChunkAssembler:
             sizes.append(nbytes)
         if self.max_bytes is not None and sum(sizes) > self.max_bytes:
             raise ResourceExhaustedError(
-                f"{self.name} would take {sum(sizes)} bytes, over the limit of {self.max_bytes} bytes",
-                reason="TENSOR_TOO_LARGE")
+                f"{self.name} would take {sum(sizes)} bytes, over {self._limit} of {self.max_bytes} bytes",
+                reason=self._reason)
         self._header = header
         self._buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
         self._skip_full()

@@ -21,6 +21,8 @@ from .v1 import sparseserve_pb2 as pb
 PROTOBUF = "application/x-protobuf"
 # The HTTP header and gRPC metadata key a caller's request id travels in.
 REQUEST_ID_KEY = "x-request-id"
+# The HTTP header of the caller's timeout, in seconds (gRPC has its own deadline).
+TIMEOUT_KEY = "x-request-timeout"
 _HTTP_TO_CODE = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED",
                  403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED",
                  429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
@@ -69,8 +71,16 @@ def grpc_error(exc: grpc.RpcError, request_id: str | None = None) -> SparseServe
     details = exc.details() or code.name
     metadata = exc.trailing_metadata() or ()
     meta = {k: v for k, v in metadata}
-    return error_for_grpc_status(code, details, meta.get(REASON_METADATA_KEY),
+    return error_for_grpc_status(code, details, meta.get(REASON_METADATA_KEY) or _core_reason(code, details),
                                  meta.get(REQUEST_ID_METADATA_KEY) or request_id)
+
+
+def _core_reason(code: grpc.StatusCode, details: str) -> str | None:
+    """gRPC refuses a message over its size limit itself, before the server's handler (or the
+    SDK) sees it, so no reason comes with it; its details say which side refused."""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        return "REQUEST_TOO_LARGE" if details.startswith("SERVER:") else "RESPONSE_TOO_LARGE"
+    return None
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -150,10 +160,12 @@ def collect_body(chunks: Iterable[bytes], length: int | None) -> bytes | memoryv
     return memoryview(body)[:filled]
 
 
-def http_headers(token: str | None, encoding: str) -> dict[str, str]:
+def http_headers(token: str | None, encoding: str, timeout: float | None = None) -> dict[str, str]:
     headers = {"accept": PROTOBUF if encoding == "protobuf" else "application/json"}
     if token:
         headers["authorization"] = f"Bearer {token}"
+    if timeout is not None:  # the server abandons the work when the SDK stops waiting for it
+        headers[TIMEOUT_KEY] = repr(float(timeout))
     return headers
 
 

@@ -21,7 +21,6 @@ from .service import Service
 __all__ = ["serve", "run"]
 
 log = logging.getLogger("sparseserve.server")
-GRACE_SECONDS = 10.0
 
 
 class _Uvicorn(uvicorn.Server):
@@ -52,7 +51,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     http = _Uvicorn(uvicorn.Config(create_app(service), host=config.host, port=config.http_port,
                                    log_level=config.log_level, access_log=False, lifespan="off",
                                    log_config=None,  # uvicorn's lines go through our JSON handler
-                                   timeout_graceful_shutdown=int(GRACE_SECONDS),
+                                   timeout_graceful_shutdown=config.shutdown_grace,
                                    ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key))
     http_task = asyncio.create_task(http.serve())
     while not http.started:
@@ -69,10 +68,13 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     warm.add_done_callback(lambda f: f.exception() or stop.is_set() or _mark_ready(health, service))
 
     await stop.wait()
-    log.info("shutting down: finishing in-flight requests for up to %.0f s", GRACE_SECONDS)
+    # Stop taking requests on both wires; those in flight get --shutdown-grace seconds to finish.
+    log.info("shutting down: finishing in-flight requests for up to %g s", config.shutdown_grace)
+    _announce("stopping", grace_seconds=config.shutdown_grace)
     service.ready = False
+    await set_serving(health, False)
     http.should_exit = True
-    await asyncio.gather(grpc_server.stop(GRACE_SECONDS), http_task, return_exceptions=True)
+    await asyncio.gather(grpc_server.stop(config.shutdown_grace), http_task, return_exceptions=True)
     service.close()
     _announce("stopped")
 

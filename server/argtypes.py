@@ -36,6 +36,8 @@ class ArgType:
     coerce_value: Callable[[Any, str], Any]
     is_tensor: bool = False
     is_tensor_list: bool = False
+    # One entry per dimension (a shape, a permutation, axes): held to --max-rank.
+    per_dimension: bool = False
 
     def coerce(self, value: Any, arg: "Arg", op: str) -> Any:
         if self.is_tensor:
@@ -211,15 +213,16 @@ TENSORS = ArgType("tensors", {"type": "array", "items": _TENSOR_SCHEMA}, lambda 
                   is_tensor_list=True)
 INT = ArgType("int", {"type": "integer"}, _coerce_int)
 OPTIONAL_INT = ArgType("int?", _INT_OR_NULL, _coerce_int)
-INT_LIST = ArgType("int_list", {"type": "array", "items": {"type": "integer"}}, _coerce_int_list)
+INT_LIST = ArgType("int_list", {"type": "array", "items": {"type": "integer"}}, _coerce_int_list,
+                   per_dimension=True)
 # An int, a list of ints, or null (every axis): TensorFlow's reduction `axis`.
 AXES = ArgType("int_list?", {"oneOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}},
-                                       {"type": "null"}]}, _coerce_axes)
+                                       {"type": "null"}]}, _coerce_axes, per_dimension=True)
 BOOL = ArgType("bool", {"type": "boolean"}, _coerce_bool)
 FLOAT = ArgType("float", {"type": "number"}, _coerce_float)
 STRING = ArgType("string", {"type": "string"}, _coerce_string)
 INDEX = ArgType("index", {"type": "array", "items": {"oneOf": [
     {"type": "integer"}, {"type": "array", "items": _INT_OR_NULL, "minItems": 3, "maxItems": 3}]}},
-    _coerce_index)
+    _coerce_index, per_dimension=True)
 SCALAR = ArgType("scalar", {"oneOf": [{"type": "number"}, {"type": "boolean"}, _TENSOR_SCHEMA]},
                  _coerce_scalar)

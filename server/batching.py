@@ -79,7 +79,7 @@ class Batcher:
         service = self.service
         size = arguments_nbytes(args.values())
         if size >= INLINE_BYTES:
-            return await service.run(service._execute_sync, op, args, False, "")
+            return await service.run(service._execute_sync, op, args)
         bound = await service.run(service._bind, op, args, nbytes=size)
         key = batch_key(op, bound)
         if key is None:
@@ -157,14 +157,14 @@ class Batcher:
         service = self.service
         size = arguments_nbytes(bound.values())
         result = op.result_bytes(**bound) if op.result_bytes is not None else size
-        return await service.run(service._compute, op, bound, False, "", nbytes=result)
+        return await service.run(service._compute, op, bound, nbytes=result)
 
     def _run_merged(self, op, arg: str, calls: list["_Call"], shape: tuple[int, ...]):
         """One kernel call for the batch; the outputs per caller, in call order."""
         tensors = [c.tensor for c in calls]
         bound = dict(calls[0].bound)
         bound[arg] = merge_coo(tensors, shape)
-        outputs = self.service._compute(op, bound, False, "")
+        outputs = self.service._compute(op, bound)
         split = [(name, split_coo(value, tensors, op.name)) for name, value in outputs]
         return [[(name, parts[i]) for name, parts in split] for i in range(len(calls))]
 

@@ -26,7 +26,12 @@ class ServerConfig:
     max_result_bytes: int = 1 * GiB
     store_bytes: int = 4 * GiB
     store_ttl: float = 3600.0
-    max_concurrency: int = 64
+    max_nnz: int = (1 << 31) - 1
+    max_rank: int = 32
+    max_json_depth: int = 64
+    max_concurrency: int = 0  # 0: one per kernel worker thread
+    max_queue: int = 64
+    shutdown_grace: float = 10.0
     batch_window_ms: float = 0.0  # 0: server-side batching off
     max_batch: int = 64
     shm_ttl: float = 60.0
@@ -63,7 +68,13 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "max_result_bytes": (int, "largest result an op may produce, checked before allocating"),
     "store_bytes": (int, "byte budget of the handle store; least recently used out first"),
     "store_ttl": (float, "seconds an unused handle lives"),
-    "max_concurrency": (int, "requests run at once; past it, UNAVAILABLE at once"),
+    "max_nnz": (int, "most stored values one tensor may have, in a request or a result"),
+    "max_rank": (int, "most dimensions one tensor (or shape argument) may have"),
+    "max_json_depth": (int, "deepest nesting of lists and objects a JSON body may have"),
+    "max_concurrency": (int, "kernel calls running at once (0: one per worker thread)"),
+    "max_queue": (int, "calls waiting for a free --max-concurrency slot; past it, UNAVAILABLE at once"),
+    "shutdown_grace": (float, "seconds in-flight requests get to finish after SIGTERM before they are "
+                              "cancelled"),
     "batch_window_ms": (float, "merge concurrent small calls to the same batchable op arriving within this "
                                "many milliseconds into one kernel call (0: off)"),
     "max_batch": (int, "most calls merged into one batch"),
@@ -111,6 +122,12 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     if not 0 < ns.max_request_bytes <= MAX_REQUEST_BYTES_LIMIT:
         parser.error(f"--max-request-bytes must be between 1 and {MAX_REQUEST_BYTES_LIMIT} (gRPC's "
                      f"message limit); larger tensors go up with put, which streams them")
+    for name in ("max_result_bytes", "store_bytes", "max_nnz", "max_rank", "max_json_depth", "max_batch"):
+        if getattr(ns, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("max_concurrency", "max_queue", "workers", "shutdown_grace", "batch_window_ms"):
+        if not getattr(ns, name) >= 0:  # NaN too
+            parser.error(f"--{name.replace('_', '-')} must not be negative")
     _check_tls(parser, ns)
     return ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)})
 

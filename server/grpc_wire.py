@@ -8,6 +8,7 @@ import logging
 from typing import Any, AsyncIterator
 
 import grpc
+from grpc._cython import cygrpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -20,8 +21,10 @@ from sparseserve.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, Int
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
+from .limits import deadline_from_remaining, seconds_left
 from .metrics import Metrics, RequestInfo, count_sent, current
 from .service import Service, arguments_nbytes
+from .store import STORE_LIMIT, STORE_REASON
 
 __all__ = ["create_grpc_server", "catalogue_to_pb"]
 
@@ -51,7 +54,18 @@ async def _abort(context: grpc.aio.ServicerContext, err: SparseServeError):
         info.code = err.code
         metadata.append((REQUEST_ID_METADATA_KEY, info.request_id))
     context.set_trailing_metadata(tuple(metadata))
-    await context.abort(err.grpc_status, err.message)
+    try:
+        await context.abort(err.grpc_status, err.message)
+    except _CALL_ALREADY_ENDED:
+        # Nobody to tell: gRPC itself refused a message over the size limit (the request
+        # stream then ends early here), or the call was cancelled meanwhile.
+        if info is not None:
+            info.code = "CANCELLED"
+        raise asyncio.CancelledError from None
+
+
+# What abort raises when the call has already ended (grpc has no public name for it).
+_CALL_ALREADY_ENDED = getattr(cygrpc, "ExecuteBatchError", grpc.RpcError)
 
 
 def _tenant(service: Service, context: grpc.aio.ServicerContext) -> str:
@@ -111,11 +125,12 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
     async def Upload(self, request_iterator: AsyncIterator[bytes], context) -> pb.Handle:
         async def run():
             tenant = _tenant(self.service, context)
-            assembler = ChunkAssembler("tensor", max_bytes=self.service.store.budget_bytes)
+            assembler = ChunkAssembler("tensor", max_bytes=self.service.store.budget_bytes,
+                                       limit=STORE_LIMIT, reason=STORE_REASON)
             async for frame in request_iterator:
                 assembler.add(frame)
             tensor = assembler.finish()
-            handle, nbytes = await self.service.run(self.service.put, tensor, tenant)
+            handle, nbytes = await self.service.put(tensor, tenant)
             return pb.Handle(handle=handle, nbytes=nbytes)
 
         return await self._guard(context, run())
@@ -142,7 +157,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         async def run():
             tenant = _tenant(self.service, context)
             tensor = await self.service.run(self.service.shared.read, request, self.service.store.budget_bytes)
-            handle, nbytes = await self.service.run(self.service.put, tensor, tenant)
+            handle, nbytes = await self.service.put(tensor, tenant)
             return pb.Handle(handle=handle, nbytes=nbytes)
 
         return await self._guard(context, run())
@@ -199,6 +214,7 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
 
     async def observed(request, context):
         info, token = metrics.begin("grpc", op, _metadata_value(context, REQUEST_ID_KEY))
+        info.deadline = deadline_from_remaining(context.time_remaining())
         if streamed_request:
             request = _counted(request, info)
         else:
@@ -210,11 +226,13 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
             return reply
         except grpc.aio.AbortError:  # _abort recorded the code
             raise
-        except asyncio.CancelledError:
-            info.code = "CANCELLED"
+        except asyncio.CancelledError:  # gRPC cancels the handler at the caller's deadline too
+            left = seconds_left()
+            info.code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
             raise
-        except Exception:  # grpc answers UNKNOWN
+        except Exception:  # grpc answers UNKNOWN: a bug, or the connection failed under us
             info.code = "UNKNOWN"
+            log.exception("%s failed outside its handler's guard", method)
             raise
         finally:
             metrics.end(info, token)

@@ -42,7 +42,7 @@ class RequestInfo:
     """What the access line and the metrics say about one request; the wire and the service
     fill it in as they learn it (the op once parsed, the tenant once authenticated)."""
 
-    __slots__ = ("request_id", "wire", "op", "code", "tenant", "bytes_in", "bytes_out", "start")
+    __slots__ = ("request_id", "wire", "op", "code", "tenant", "bytes_in", "bytes_out", "start", "deadline")
 
     def __init__(self, wire: str, op: str, request_id: str):
         self.request_id = request_id
@@ -53,6 +53,7 @@ class RequestInfo:
         self.bytes_in = 0
         self.bytes_out = 0
         self.start = time.perf_counter()
+        self.deadline: float | None = None  # time.monotonic() of the caller's deadline
 
 
 current: ContextVar[RequestInfo | None] = ContextVar("sparseserve_request", default=None)
@@ -69,8 +70,11 @@ class _ServiceCollector:
         yield GaugeMetricFamily("sparseserve_store_bytes", "Bytes held by the handle store", value=nbytes)
         yield GaugeMetricFamily("sparseserve_store_handles", "Tensors held by the handle store", value=handles)
         yield GaugeMetricFamily("sparseserve_in_flight_requests",
-                                "Work running now, counted against --max-concurrency",
-                                value=self.service._in_flight)
+                                "Calls running in the kernel pool now, counted against --max-concurrency",
+                                value=self.service.running)
+        yield GaugeMetricFamily("sparseserve_queue_depth",
+                                "Calls waiting for a --max-concurrency slot (at most --max-queue)",
+                                value=self.service.queued)
 
 
 class Metrics:

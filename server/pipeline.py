@@ -16,6 +16,7 @@ from typing import Any
 from sparseserve._tensor import OutputRef
 from sparseserve.errors import InvalidArgumentError, SparseServeError
 
+from .limits import check_deadline
 from .registry import OpDef, Registry
 
 __all__ = ["Step", "plan_pipeline", "run_steps", "MAX_STEPS"]
@@ -109,14 +110,16 @@ def _substitute(value: Any, results: dict[str, Any]) -> Any:
     return value
 
 
-def run_steps(service, steps: list[Step], chosen: list[str], tenant: str) -> list[tuple[str, Any]]:
+def run_steps(service, steps: list[Step], chosen: list[str]) -> list[tuple[str, Any]]:
     """Run the planned steps in order (in a kernel-pool thread); the chosen outputs by name.
-    Intermediate results live only here and are dropped once the request ends."""
+    Intermediate results live only here and are dropped once the request ends, or once the
+    caller's deadline passes: it is checked before each step."""
     results: dict[str, Any] = {}
     for step in steps:
+        check_deadline(f"before pipeline step {step.name!r}")
         args = {name: _substitute(value, results) for name, value in step.args.items()}
         try:
-            outputs = service._compute(step.op, service._bind(step.op, args), False, tenant)
+            outputs = service._compute(step.op, service._bind(step.op, args))
         except SparseServeError as err:
             raise _step_error(step.name, err) from None
         results.update({f"{step.name}.{name}": value for name, value in outputs})

@@ -20,11 +20,12 @@ from sparseserve._codec import tensor_from_bytes, tensor_pieces
 from sparseserve._frames import execute_request_from_bytes, outputs_to_bytes
 from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
 from sparseserve._tensor import OutputRef
-from sparseserve._wire import _HTTP_TO_CODE, REQUEST_ID_KEY, iter_slices, pipeline_from_pb
+from sparseserve._wire import _HTTP_TO_CODE, REQUEST_ID_KEY, TIMEOUT_KEY, iter_slices, pipeline_from_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
 from sparseserve.v1 import sparseserve_pb2 as pb
 
+from .limits import deadline_from_timeout
 from .metrics import CONTENT_TYPE_LATEST, current
 from .registry import OpDef
 from .service import Service, arguments_nbytes
@@ -35,7 +36,6 @@ log = logging.getLogger("sparseserve.rest")
 PROTOBUF = "application/x-protobuf"
 # Body problems that are "not the schema" (422) rather than a bad value (400).
 _SCHEMA_REASONS = {"BAD_JSON", "BAD_BODY", "UNKNOWN_ARGUMENT", "MISSING_ARGUMENT", "BAD_ARGUMENT_TYPE"}
-_MAX_JSON_DEPTH = 64
 
 
 def _wants_protobuf(request: Request) -> bool:
@@ -60,6 +60,7 @@ def error_response(err: SparseServeError) -> JSONResponse:
 
 
 _REQUEST_ID_HEADER = REQUEST_ID_KEY.encode()
+_TIMEOUT_HEADER = TIMEOUT_KEY.encode()
 # The "op" label of the routes that are not an op's; any other path is "unknown", so a client's
 # paths cannot make new label values.
 _ROUTE_OPS = {("GET", "/v1/ops"): "list_ops", ("POST", "/v1/tensors"): "put", ("POST", "/v1/pipelines"): "pipeline",
@@ -114,7 +115,13 @@ class _Observe:
                 info.bytes_out += len(message.get("body", b""))
             await send(message)
 
+        timeout = next((v.decode("latin-1") for k, v in scope["headers"] if k == _TIMEOUT_HEADER), None)
         try:
+            if timeout is not None:
+                try:
+                    info.deadline = deadline_from_timeout(timeout, f"the {TIMEOUT_KEY} header")
+                except SparseServeError as err:
+                    return await error_response(err)(scope, receive, observed_send)
             await self.app(scope, counted_receive, observed_send)
         except Exception as exc:
             if started:
@@ -158,26 +165,35 @@ async def _read_body(request: Request, service: Service) -> bytes | memoryview:
     return b"".join(parts)
 
 
-def _json_depth(obj: Any, limit: int) -> None:
-    """Refuse absurdly nested JSON (tensors need at most rank + 2 levels)."""
-    stack = [(obj, 1)]
+def _json_depth(obj: Any) -> int:
+    """How deep lists and objects nest in ``obj`` (a list of numbers is one level)."""
+    deepest, stack = 0, [(obj, 1)]
     while stack:
         item, depth = stack.pop()
-        if depth > limit:
-            raise InvalidArgumentError(f"the JSON body nests deeper than {limit} levels",
-                                       reason="BAD_JSON")
         if isinstance(item, dict):
+            deepest = max(deepest, depth)
             stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list) and item and isinstance(item[0], (list, dict)):
-            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, list):
+            deepest = max(deepest, depth)
+            if item and isinstance(item[0], (list, dict)):
+                stack.extend((v, depth + 1) for v in item)
+    return deepest
 
 
-def _parse_json(body: bytes | memoryview) -> Any:
+def _parse_json(body: bytes | memoryview, max_depth: int) -> Any:
+    """The JSON value of ``body``, refused past --max-json-depth levels of nesting (a tensor
+    needs its rank plus two)."""
     try:
         obj = json.loads(body.tobytes() if isinstance(body, memoryview) else body)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:  # deeper than Python's parser goes (about a thousand levels)
+        raise ResourceExhaustedError(f"the JSON body nests deeper than Python's parser allows, over the limit "
+                                     f"of {max_depth} levels (--max-json-depth)", reason="JSON_TOO_DEEP") from None
+    except ValueError as exc:
         raise InvalidArgumentError(f"the body is not valid JSON: {exc}", reason="BAD_JSON") from None
-    _json_depth(obj, _MAX_JSON_DEPTH)
+    depth = _json_depth(obj)
+    if depth > max_depth:
+        raise ResourceExhaustedError(f"the JSON body nests {depth} levels deep, over the limit of {max_depth} "
+                                     "levels (--max-json-depth)", reason="JSON_TOO_DEEP")
     return obj
 
 
@@ -197,11 +213,11 @@ def _is_ref_json(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("ref"), str)
 
 
-def _decode_pipeline_body(body: bytes | memoryview, protobuf: bool):
+def _decode_pipeline_body(body: bytes | memoryview, protobuf: bool, max_depth: int):
     """(steps, outputs, keep) of a protobuf PipelineRequest or its JSON form."""
     if protobuf:
         return pipeline_from_pb(_parse_message(pb.PipelineRequest, body))
-    obj = _parse_json(body)
+    obj = _parse_json(body, max_depth)
     if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list) \
             or not all(isinstance(step, dict) for step in obj["steps"]):
         raise InvalidArgumentError('the body must be {"steps": [{"name", "op", "args"}, ...], "outputs": '
@@ -272,8 +288,8 @@ def create_app(service: Service) -> FastAPI:
         tenant = service.tenant_for(request.headers.get("authorization"))
         body = await _read_body(request, service)
         decode = _decode_pb_tensor if _is_protobuf_body(request) else _decode_json_tensor
-        tensor = await service.run(decode, body)
-        handle, nbytes = await service.run(service.put, tensor, tenant)
+        tensor = await service.run(decode, body, service.config.max_json_depth)
+        handle, nbytes = await service.put(tensor, tenant)
         if _wants_protobuf(request):
             return Response(pb.Handle(handle=handle, nbytes=nbytes).SerializeToString(), media_type=PROTOBUF)
         return {"handle": handle, "nbytes": nbytes}
@@ -302,7 +318,7 @@ def create_app(service: Service) -> FastAPI:
         tenant = service.tenant_for(request.headers.get("authorization"))
         body = await _read_body(request, service)
         steps, outputs, keep = await service.run(_decode_pipeline_body, body, _is_protobuf_body(request),
-                                                 nbytes=len(body))
+                                                 service.config.max_json_depth, nbytes=len(body))
         results = await service.execute_pipeline(steps, outputs, keep, tenant)
         return await _outputs_response(service, request, results, "pipeline result")
 
@@ -375,8 +391,8 @@ TENSOR_SCHEMAS = {
 }
 
 
-def _decode_json_tensor(body: bytes):
-    return tensor_from_json(_parse_json(body), "tensor")
+def _decode_json_tensor(body: bytes, max_depth: int):
+    return tensor_from_json(_parse_json(body, max_depth), "tensor")
 
 
 def _parse_message(cls, body: bytes):
@@ -387,16 +403,16 @@ def _parse_message(cls, body: bytes):
                                    reason="BAD_BODY") from None
 
 
-def _decode_pb_tensor(body: bytes):
+def _decode_pb_tensor(body: bytes, max_depth: int):
     return tensor_from_bytes(body, "tensor")
 
 
-def _decode_op_body(body: bytes, protobuf: bool) -> tuple[dict[str, Any], bool]:
+def _decode_op_body(body: bytes, protobuf: bool, max_depth: int) -> tuple[dict[str, Any], bool]:
     """(arguments, keep) from a protobuf ExecuteRequest or a JSON object of named arguments."""
     if protobuf:
         _, args, keep = execute_request_from_bytes(body)  # the op is the path's
         return args, keep
-    obj = _parse_json(body) if body else {}
+    obj = _parse_json(body, max_depth) if body else {}
     if not isinstance(obj, dict):
         raise InvalidArgumentError("the body must be a JSON object of named arguments", reason="BAD_JSON")
     return {name: _json_arg(v, name) for name, v in obj.items()}, False
@@ -434,7 +450,8 @@ def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
         tenant = service.tenant_for(request.headers.get("authorization"))
         body = await _read_body(request, service)
         protobuf = _is_protobuf_body(request)
-        args, keep_in_body = await service.run(_decode_op_body, body, protobuf, nbytes=len(body))
+        args, keep_in_body = await service.run(_decode_op_body, body, protobuf, service.config.max_json_depth,
+                                                  nbytes=len(body))
         keep = keep or keep_in_body
         outputs = await service.execute(op.name, args, keep, tenant)
         return await _outputs_response(service, request, outputs, f"{op.name} result")

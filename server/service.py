@@ -23,6 +23,7 @@ from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseSer
 
 from .argtypes import checked
 from .config import ServerConfig
+from .limits import check_argument_limits, check_deadline, check_tensor_limits, deadline_exceeded, seconds_left
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
@@ -64,7 +65,11 @@ class Service:
         self.executor = ThreadPoolExecutor(max_workers=config.workers or os.cpu_count() or 1,
                                            thread_name_prefix="sparseserve-kernel")
         self.ready = False
-        self._in_flight = 0
+        # Admission (see ``run``): slots for pool work, and how many calls wait for one.
+        self.concurrency = config.max_concurrency or self.executor._max_workers
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self.running = 0
+        self._queued = 0
         self.batcher = None
         if config.batch_window_ms > 0:
             from .batching import Batcher
@@ -98,22 +103,67 @@ class Service:
         return tenant
 
     async def run(self, fn: Callable[..., Any], *args: Any, nbytes: int | None = None) -> Any:
-        """Run ``fn`` bounded by --max-concurrency: in the kernel pool, off the event loop, unless
-        it works on ``nbytes`` below ``INLINE_BYTES`` — then on the loop, since handing it to a
-        worker thread and back costs more than the work (a 100-entry reorder over gRPC: p50
-        2.0 ms through the pool, 0.85 ms inline)."""
-        if self._in_flight >= self.config.max_concurrency:
-            raise UnavailableError(f"the server is running {self._in_flight} requests, its limit "
-                                   "(--max-concurrency); retry later", reason="OVERLOADED")
-        self._in_flight += 1
+        """Run ``fn`` in the kernel pool, off the event loop, unless it works on ``nbytes`` below
+        ``INLINE_BYTES`` — then on the loop, since handing it to a worker thread and back costs
+        more than the work (a 100-entry reorder over gRPC: p50 2.0 ms through the pool, 0.85 ms
+        inline).
+
+        Pool work takes one of --max-concurrency slots; with none free it waits in a queue of at
+        most --max-queue calls, and past that it is refused at once (UNAVAILABLE), so a burst
+        never becomes a backlog. The caller's deadline bounds the wait and the work: at the
+        deadline the caller gets DEADLINE_EXCEEDED and the result is dropped when the thread
+        finishes (a numba kernel cannot be interrupted; its slot stays taken until then, so the
+        slots always count the threads really busy)."""
+        check_deadline("before the work started")
+        if nbytes is not None and nbytes < INLINE_BYTES:
+            return fn(*args)
+        await self._admit()
+        # run_in_executor drops context variables; the request's id and deadline must reach the thread.
+        work = self.executor.submit(contextvars.copy_context().run, fn, *args)
+        future = asyncio.wrap_future(work)
+        future.add_done_callback(self._release)
+        expiry = asyncio.timeout(seconds_left())
         try:
-            if nbytes is not None and nbytes < INLINE_BYTES:
-                return fn(*args)
-            # run_in_executor drops context variables; the request id must reach the worker's logs.
-            return await asyncio.get_running_loop().run_in_executor(
-                self.executor, contextvars.copy_context().run, fn, *args)
-        finally:
-            self._in_flight -= 1
+            async with expiry:
+                return await asyncio.shield(future)  # the timeout must not cancel a running thread's future
+        except TimeoutError:
+            if not expiry.expired():
+                raise
+            work.cancel()  # drops it if no thread has started it
+            raise deadline_exceeded("while the work ran") from None
+        except asyncio.CancelledError:  # the caller went away (or gRPC's deadline cancelled the call)
+            work.cancel()
+            raise
+
+    async def _admit(self) -> None:
+        """Take a --max-concurrency slot, queueing for one up to --max-queue deep."""
+        if self._slots.locked():
+            if self._queued >= self.config.max_queue:
+                raise UnavailableError(
+                    f"the server is running {self.running} calls, its limit (--max-concurrency "
+                    f"{self.concurrency}), and {self._queued} more wait, its queue limit (--max-queue "
+                    f"{self.config.max_queue}); retry later", reason="OVERLOADED")
+            self._queued += 1
+            try:
+                async with asyncio.timeout(seconds_left()):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise deadline_exceeded("while the call waited for a worker") from None
+            finally:
+                self._queued -= 1
+        else:
+            await self._slots.acquire()  # free: returns at once
+        self.running += 1
+
+    def _release(self, future: asyncio.Future) -> None:
+        self.running -= 1
+        self._slots.release()
+        if not future.cancelled():
+            future.exception()  # read, so an abandoned call's error is not logged as never retrieved
+
+    @property
+    def queued(self) -> int:
+        return self._queued
 
     def warm_up(self) -> None:
         """Compile (or load from numba's disk cache) every kernel, then report ready."""
@@ -132,27 +182,32 @@ class Service:
         name_op(op_name, self.registry.ops)
         op = self.registry.get(op_name)
         resolved = {name: self._resolve(value, tenant) for name, value in args.items()}
+        check_argument_limits(op, resolved, self.config.max_nnz, self.config.max_rank)
         if self.batcher is not None and op.batchable:
             return self._kept(await self.batcher.submit(op, resolved), keep, tenant)
         size = arguments_nbytes(resolved.values())
         if size >= INLINE_BYTES:
-            return await self.run(self._execute_sync, op, resolved, keep, tenant)
+            return self._kept(await self.run(self._execute_sync, op, resolved), keep, tenant)
         # Small inputs: validate on the loop; the kernel too unless the op says its result is big.
         bound = await self.run(self._bind, op, resolved, nbytes=size)
         result = op.result_bytes(**bound) if op.result_bytes is not None else size
-        return await self.run(self._compute, op, bound, keep, tenant, nbytes=result)
+        return self._kept(await self.run(self._compute, op, bound, nbytes=result), keep, tenant)
 
     async def execute_pipeline(self, raw_steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
                                keep: bool, tenant: str) -> list[tuple[str, Any]]:
         """Run (name, op, args) steps as one request (``server/pipeline.py``): every step is
         checked before the first runs; the chosen outputs come back."""
-        resolved = [(name, op, {k: self._resolve(v, tenant) for k, v in args.items()})
-                    for name, op, args in raw_steps]
+        resolved = []
+        for name, op_name, args in raw_steps:
+            args = {k: self._resolve(v, tenant) for k, v in args.items()}
+            if op_name in self.registry.ops:  # an unknown op is the planner's to report
+                check_argument_limits(self.registry.get(op_name), args, self.config.max_nnz, self.config.max_rank)
+            resolved.append((name, op_name, args))
         steps, chosen = await self.run(plan_pipeline, self.registry, resolved, outputs)
-        return self._kept(await self.run(run_steps, self, steps, chosen, tenant), keep, tenant)
+        return self._kept(await self.run(run_steps, self, steps, chosen), keep, tenant)
 
-    def _execute_sync(self, op, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
-        return self._compute(op, self._bind(op, args), keep, tenant)
+    def _execute_sync(self, op, args: dict[str, Any]) -> list[tuple[str, Any]]:
+        return self._compute(op, self._bind(op, args))
 
     def _bind(self, op, args: dict[str, Any]) -> dict[str, Any]:
         """Validated arguments, and the declared result size checked against the limit."""
@@ -166,7 +221,8 @@ class Service:
                     reason="RESULT_TOO_LARGE")
         return bound
 
-    def _compute(self, op, bound: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
+    def _compute(self, op, bound: dict[str, Any]) -> list[tuple[str, Any]]:
+        """(output name, value) pairs of one op call on validated arguments."""
         try:
             results = op.run(self.device, bound)
         except SparseServeError:
@@ -176,10 +232,14 @@ class Service:
         except Exception as exc:  # a bug: report it as one, keep serving
             log.exception("op %s failed", op.name)
             raise InternalError(f"{op.name} failed: {type(exc).__name__}: {exc}") from exc
-        return self._kept([(out.name, value) for out, value in zip(op.outputs, results)], keep, tenant)
+        outputs = [(out.name, value) for out, value in zip(op.outputs, results)]
+        for name, value in outputs:
+            check_tensor_limits(value, f"the {name} output of {op.name}", self.config.max_nnz, self.config.max_rank)
+        return outputs
 
     def _kept(self, outputs: list[tuple[str, Any]], keep: bool, tenant: str) -> list[tuple[str, Any]]:
-        """With ``keep``, the outputs stored and replaced by their handles."""
+        """With ``keep``, the outputs stored and replaced by their handles. Called on the event
+        loop once the work has come back, so a call abandoned at its deadline stores nothing."""
         if keep:
             outputs = [(name, HandleRef(self.store.put(value, tenant)[0])) for name, value in outputs]
         return outputs
@@ -192,9 +252,12 @@ class Service:
         return value
 
     # -------------------------------------------------------------- tensors
-    def put(self, tensor: Any, tenant: str) -> tuple[str, int]:
-        """Validate and keep a tensor; returns (handle, bytes)."""
-        return self.store.put(checked(tensor, "tensor"), tenant)
+    async def put(self, tensor: Any, tenant: str) -> tuple[str, int]:
+        """Validate and keep a tensor; returns (handle, bytes). Stored on the loop after the
+        check, so an upload abandoned at its deadline leaves nothing behind."""
+        check_tensor_limits(tensor, "tensor", self.config.max_nnz, self.config.max_rank)
+        value = await self.run(checked, tensor, "tensor")
+        return self.store.put(value, tenant)
 
     def get(self, handle: str, tenant: str) -> Any:
         return self.store.get(handle, tenant)

@@ -25,6 +25,8 @@ from sparseserve._shm import (SEGMENT_NAME, close_segment, create_segment, heade
 from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from sparseserve.v1 import sparseserve_pb2 as pb
 
+from .store import STORE_LIMIT, STORE_REASON
+
 __all__ = ["SharedSegments"]
 
 log = logging.getLogger("sparseserve.shm")
@@ -54,8 +56,8 @@ class SharedSegments:
         slots = header_slots(request.header, "tensor")
         total = sum(slot.nbytes for slot in slots)
         if max_bytes is not None and total > max_bytes:
-            raise ResourceExhaustedError(f"tensor would take {total} bytes, over the limit of "
-                                         f"{max_bytes} bytes", reason="TENSOR_TOO_LARGE")
+            raise ResourceExhaustedError(f"tensor would take {total} bytes, over {STORE_LIMIT} of "
+                                         f"{max_bytes} bytes", reason=STORE_REASON)
         fd = open_segment(name, "shared memory needs the client on the server's host")
         try:
             return read_tensor(fd, request.header, name, slots)

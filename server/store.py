@@ -34,6 +34,10 @@ class _Entry:
     expires: float
 
 
+# How a tensor bigger than the whole store is refused, here and by the uploads that check first.
+STORE_LIMIT, STORE_REASON = "the whole store budget (--store-bytes)", "STORE_BUDGET"
+
+
 class HandleStore:
     def __init__(self, budget_bytes: int, ttl_seconds: float,
                  clock: Callable[[], float] = time.monotonic):
@@ -50,8 +54,8 @@ class HandleStore:
         nbytes = tensor_nbytes(tensor)
         if nbytes > self.budget_bytes:
             raise ResourceExhaustedError(
-                f"the tensor takes {nbytes} bytes, more than the whole store budget of "
-                f"{self.budget_bytes} bytes (--store-bytes)", reason="STORE_BUDGET")
+                f"the tensor takes {nbytes} bytes, over {STORE_LIMIT} of {self.budget_bytes} bytes",
+                reason=STORE_REASON)
         handle = "h-" + secrets.token_hex(16)
         with self._lock:
             self._expire()

@@ -132,7 +132,7 @@ def test_fuzz_the_decoders_for_a_bounded_time(tmp_path):
     corpus.mkdir()
     _seed_corpus(corpus)
     run = subprocess.run([sys.executable, str(FUZZ), f"-max_total_time={FUZZ_SECONDS}", "-rss_limit_mb=4096",
-                          "-timeout=20", str(corpus)], capture_output=True, text=True, timeout=FUZZ_SECONDS + 120)
+                          "-timeout=20", f"-artifact_prefix={tmp_path}/", str(corpus)], capture_output=True, text=True, timeout=FUZZ_SECONDS + 120)
     tail = run.stderr[-3000:]
     assert run.returncode == 0, tail
     runs = int(tail.rsplit("Done ", 1)[1].split(" runs", 1)[0])

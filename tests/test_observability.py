@@ -279,7 +279,7 @@ def test_the_formatter_keeps_a_message_on_one_line():
 
     class _Service:
         store = None
-        _in_flight = 0
+        running = queued = 0
 
     record = logging.LogRecord("sparseserve.test", logging.WARNING, __file__, 1, 'a "quoted"\nmessage %s',
                                ("{brace",), None)

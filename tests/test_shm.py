@@ -243,7 +243,7 @@ def test_header_over_the_store_budget(grpc_client, small_segment):
     header = pb.Tensor(dense=pb.Array(dtype=pb.FLOAT64, shape=[1 << 40]))
     with pytest.raises(ResourceExhaustedError) as info:
         put_shared(grpc_client, small_segment.name, header)
-    assert info.value.reason == "TENSOR_TOO_LARGE", info.value
+    assert info.value.reason == "STORE_BUDGET", info.value
 
 
 @pytest.mark.parametrize("header, reason", [
@@ -398,7 +398,7 @@ def test_read_copies_out_and_unlinks():
     assert back.values.flags.writeable and back.values.ctypes.data % back.values.dtype.alignment == 0
     with pytest.raises(ResourceExhaustedError) as info:
         shared.read(shared.export(tensor), max_bytes=tensor.nbytes - 1)
-    assert info.value.reason == "TENSOR_TOO_LARGE"
+    assert info.value.reason == "STORE_BUDGET"
     shared.close()
 
 

@@ -26,6 +26,7 @@ with atheris.instrument_imports(include=["sparseserve"], exclude=KERNELS):
     from sparseserve._frames import MessageAssembler
     from sparseserve.errors import SparseServeError
     from sparseserve.server.argtypes import checked
+    from sparseserve.server.limits import check_argument_limits
     from sparseserve.server.ops import REGISTRY
     from sparseserve.server.rest_wire import _decode_json_tensor, _decode_op_body, _decode_pb_tensor
 
@@ -33,10 +34,12 @@ with atheris.instrument_imports(include=["sparseserve"], exclude=KERNELS):
 KINDS = ("execute-protobuf", "execute-json", "tensor-protobuf", "tensor-json", "chunks", "frames")
 OPS = sorted(op.name for op in REGISTRY)
 RESULT_LIMIT = 1 << 20  # bytes an op may produce here, as --max-result-bytes does in the server
+JSON_DEPTH, MAX_NNZ, MAX_RANK = 64, 1 << 20, 32  # the server's --max-json-depth, --max-nnz, --max-rank
 
 
 def _run_op(name: str, args: dict) -> None:
     op = REGISTRY.get(name)
+    check_argument_limits(op, args, MAX_NNZ, MAX_RANK)
     bound = op.bind(args)
     if op.result_bytes is None or op.result_bytes(**bound) <= RESULT_LIMIT:
         op.run("cpu", bound)
@@ -53,11 +56,11 @@ def one_input(data: bytes) -> None:
     kind, choice, body = KINDS[data[0] % len(KINDS)], data[1], data[2:]
     try:
         if kind.startswith("execute"):
-            args, _ = _decode_op_body(body, protobuf=kind == "execute-protobuf")
+            args, _ = _decode_op_body(body, kind == "execute-protobuf", JSON_DEPTH)
             _run_op(OPS[choice % len(OPS)], args)
         elif kind.startswith("tensor"):
             decode = _decode_pb_tensor if kind == "tensor-protobuf" else _decode_json_tensor
-            checked(decode(body), "tensor")
+            checked(decode(body, JSON_DEPTH), "tensor")
         elif kind == "chunks":
             assembler = ChunkAssembler("tensor", max_bytes=RESULT_LIMIT)
             for frame in _pieces(body):
