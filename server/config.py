@@ -26,6 +26,7 @@ class ServerConfig:
     max_result_bytes: int = 1 * GiB
     store_bytes: int = 4 * GiB
     store_ttl: float = 3600.0
+    tenant_store_bytes: int = 0  # 0: tenants share --store-bytes
     max_nnz: int = (1 << 31) - 1
     max_rank: int = 32
     max_json_depth: int = 64
@@ -68,6 +69,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "max_result_bytes": (int, "largest result an op may produce, checked before allocating"),
     "store_bytes": (int, "byte budget of the handle store; least recently used out first"),
     "store_ttl": (float, "seconds an unused handle lives"),
+    "tenant_store_bytes": (int, "byte budget of one tenant's handles; a tenant over it loses its own least "
+                                "recently used first (0: tenants share --store-bytes)"),
     "max_nnz": (int, "most stored values one tensor may have, in a request or a result"),
     "max_rank": (int, "most dimensions one tensor (or shape argument) may have"),
     "max_json_depth": (int, "deepest nesting of lists and objects a JSON body may have"),
@@ -125,7 +128,8 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     for name in ("max_result_bytes", "store_bytes", "max_nnz", "max_rank", "max_json_depth", "max_batch"):
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("max_concurrency", "max_queue", "workers", "shutdown_grace", "batch_window_ms"):
+    for name in ("tenant_store_bytes", "max_concurrency", "max_queue", "workers", "shutdown_grace",
+                 "batch_window_ms"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
     _check_tls(parser, ns)

@@ -60,7 +60,8 @@ class Service:
         self.config = config
         self.registry = registry
         self.device = resolve_device(config.device)
-        self.store = HandleStore(config.store_bytes, config.store_ttl)
+        self.store = HandleStore(config.store_bytes, config.store_ttl,
+                                 tenant_budget_bytes=config.tenant_store_bytes)
         self.tokens = config.tokens()
         self.executor = ThreadPoolExecutor(max_workers=config.workers or os.cpu_count() or 1,
                                            thread_name_prefix="sparseserve-kernel")

@@ -2,7 +2,9 @@
 
 A byte budget with least-recently-used eviction and a time-to-live. Handle ids
 are 128 random bits, so they cannot be guessed; each entry remembers the
-tenant that made it and only that tenant can read or delete it.
+tenant that made it and only that tenant can read or delete it. With a
+per-tenant budget, a tenant over it makes room from its own handles first, so
+one tenant's uploads cannot push out another's.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ STORE_LIMIT, STORE_REASON = "the whole store budget (--store-bytes)", "STORE_BUD
 
 class HandleStore:
     def __init__(self, budget_bytes: int, ttl_seconds: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, tenant_budget_bytes: int = 0):
         self.budget_bytes = int(budget_bytes)
+        self.tenant_budget_bytes = int(tenant_budget_bytes)  # 0: tenants share the whole budget
+        self._tenant_bytes: dict[str, int] = {}
         self.ttl_seconds = float(ttl_seconds)
         self._clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # oldest use first
@@ -56,14 +60,26 @@ class HandleStore:
             raise ResourceExhaustedError(
                 f"the tensor takes {nbytes} bytes, over {STORE_LIMIT} of {self.budget_bytes} bytes",
                 reason=STORE_REASON)
+        quota = self.tenant_budget_bytes
+        if quota and nbytes > quota:
+            err = ResourceExhaustedError(f"the tensor takes {nbytes} bytes, over the budget of one tenant, "
+                                         f"{quota} bytes (--tenant-store-bytes)", reason="TENANT_QUOTA")
+            err.http_status = 429  # a quota, not a size limit (SPEC section 6)
+            raise err
         handle = "h-" + secrets.token_hex(16)
         with self._lock:
             self._expire()
+            if quota:
+                own = (h for h, e in list(self._entries.items()) if e.tenant == tenant)
+                while self._tenant_bytes.get(tenant, 0) + nbytes > quota:
+                    self._drop(next(own))
+                    self.evictions += 1
             while self._bytes + nbytes > self.budget_bytes and self._entries:
                 self._drop(next(iter(self._entries)))
                 self.evictions += 1
             self._entries[handle] = _Entry(tensor, nbytes, tenant, self._clock() + self.ttl_seconds)
             self._bytes += nbytes
+            self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + nbytes
         return handle, nbytes
 
     def get(self, handle: str, tenant: str = "") -> Any:
@@ -100,6 +116,11 @@ class HandleStore:
     def _drop(self, handle: str) -> None:
         entry = self._entries.pop(handle)
         self._bytes -= entry.nbytes
+        left = self._tenant_bytes[entry.tenant] - entry.nbytes
+        if left:
+            self._tenant_bytes[entry.tenant] = left
+        else:
+            del self._tenant_bytes[entry.tenant]
 
     def _expire(self) -> None:
         now = self._clock()

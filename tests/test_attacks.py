@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sparseserve import Client, SparseTensor
+from sparseserve._json import tensor_to_json as json_tensor
 from sparseserve.errors import SparseServeError
 
 from conftest import WIRES, ServerProcess, make_client
@@ -17,7 +18,7 @@ from conftest import WIRES, ServerProcess, make_client
 ALICE, BOB = "alice-secret", "bob-secret"
 KiB = 1 << 10
 LIMITS = {"--max-request-bytes": 256 * KiB, "--max-result-bytes": 1024 * KiB, "--max-nnz": 5000,
-          "--max-rank": 6, "--max-json-depth": 12, "--store-bytes": 512 * KiB}
+          "--max-rank": 6, "--max-json-depth": 12, "--store-bytes": 512 * KiB, "--tenant-store-bytes": 200 * KiB}
 
 G = SparseTensor(indices=[[0, 0], [1, 2]], values=[1.0, 2.0], dense_shape=[3, 4])
 I64 = SparseTensor(indices=[[0, 0], [1, 2]], values=np.array([1, 2], np.int64), dense_shape=[3, 4])
@@ -209,8 +210,9 @@ def test_requests_over_max_request_bytes_are_refused_on_every_wire(srv):
 
 
 def test_the_store_budget_evicts_instead_of_growing(srv):
-    with make_client(srv, "grpc", token=ALICE) as c:
-        handles = [c.put(diagonal(4000)) for _ in range(8)]  # 96 KiB each, 768 KiB in all
+    with make_client(srv, "grpc", token=ALICE) as c, make_client(srv, "grpc", token=BOB) as bob:
+        bobs = bob.put(G)
+        handles = [c.put(diagonal(4000)) for _ in range(8)]  # 96 kB each, 768 kB in all
         kept = []
         for h in handles:
             try:
@@ -218,13 +220,22 @@ def test_the_store_budget_evicts_instead_of_growing(srv):
                 kept.append(h)
             except SparseServeError as err:
                 assert (err.code, err.reason) == ("NOT_FOUND", "UNKNOWN_HANDLE")
-        assert handles[-1] in kept and handles[0] not in kept  # least recently used out first
-        assert sum(h.nbytes for h in kept) <= 512 * KiB
+        assert kept == handles[-2:]  # her least recently used went first, down to her budget
+        np.testing.assert_array_equal(bob.to_dense(bobs), G.to_dense())  # alice's puts cannot evict bob's
         with pytest.raises(SparseServeError) as info:
-            c.put(diagonal(30000))  # bigger than the whole budget
+            c.put(diagonal(30000))  # bigger than the whole store
         assert (info.value.code, info.value.reason) == ("RESOURCE_EXHAUSTED", "STORE_BUDGET")
         for h in kept:
             c.delete(h)
+        bob.delete(bobs)
+    for wire in WIRES:  # bigger than one tenant's budget: a quota, 429 over HTTP
+        with make_client(srv, wire, token=ALICE) as c, pytest.raises(SparseServeError) as info:
+            c.put(np.ones((200, 130)))  # 208 kB
+        assert (info.value.code, info.value.reason) == ("RESOURCE_EXHAUSTED", "TENANT_QUOTA")
+        assert "--tenant-store-bytes" in info.value.message
+    response = httpx.post(f"{srv.http_url}/v1/tensors", json=json_tensor(np.ones((200, 130))),
+                          headers={"authorization": f"Bearer {ALICE}"})
+    assert response.status_code == 429 and response.json()["error"]["reason"] == "TENANT_QUOTA"
     still_answers(srv)
 
 

@@ -64,6 +64,27 @@ def test_tensor_bigger_than_budget_refused():
         HandleStore(1000, 60).put(kb(1))
 
 
+def test_a_tenant_over_its_budget_makes_room_from_its_own_handles():
+    store = HandleStore(10 * 1024, 60, tenant_budget_bytes=3 * 1024)
+    bob = [store.put(kb(1), tenant="bob")[0] for _ in range(3)]
+    alice = [store.put(kb(1), tenant="alice")[0] for _ in range(3)]
+    store.get(alice[0], tenant="alice")  # alice[1] is now her least recently used
+    newest, _ = store.put(kb(1), tenant="alice")
+    assert all(store.get(h, tenant="bob") is not None for h in bob)  # untouched by alice's puts
+    with pytest.raises(NotFoundError):
+        store.get(alice[1], tenant="alice")
+    assert {h for h in (alice[0], alice[2], newest) if store.get(h, tenant="alice") is not None} == \
+        {alice[0], alice[2], newest}
+    assert store.stats() == (6, 6 * 1024)
+    with pytest.raises(ResourceExhaustedError) as info:
+        store.put(kb(4), tenant="alice")
+    assert info.value.reason == "TENANT_QUOTA" and info.value.http_status == 429
+    assert "--tenant-store-bytes" in info.value.message and "4096 bytes" in info.value.message
+    for h in bob:
+        store.delete(h, tenant="bob")
+    assert store.stats() == (3, 3 * 1024)
+
+
 def test_tenants_cannot_reach_each_other():
     store = HandleStore(1 << 20, 60)
     h, _ = store.put(kb(1), tenant="alice")
