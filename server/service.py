@@ -120,7 +120,11 @@ class Service:
             return fn(*args)
         await self._admit()
         # run_in_executor drops context variables; the request's id and deadline must reach the thread.
-        work = self.executor.submit(contextvars.copy_context().run, fn, *args)
+        try:
+            work = self.executor.submit(contextvars.copy_context().run, fn, *args)
+        except RuntimeError:  # the pool has shut down (the server is stopping)
+            self._free_slot()
+            raise UnavailableError("the server is shutting down", reason="SHUTTING_DOWN") from None
         future = asyncio.wrap_future(work)
         future.add_done_callback(self._release)
         expiry = asyncio.timeout(seconds_left())
@@ -156,9 +160,12 @@ class Service:
             await self._slots.acquire()  # free: returns at once
         self.running += 1
 
-    def _release(self, future: asyncio.Future) -> None:
+    def _free_slot(self) -> None:
         self.running -= 1
         self._slots.release()
+
+    def _release(self, future: asyncio.Future) -> None:
+        self._free_slot()
         if not future.cancelled():
             future.exception()  # read, so an abandoned call's error is not logged as never retrieved
 
