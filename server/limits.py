@@ -16,6 +16,7 @@ import numpy as np
 from sparseserve._tensor import SparseTensor
 from sparseserve.errors import DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError
 
+from .config import ServerConfig
 from .metrics import current
 
 __all__ = ["deadline_from_timeout", "deadline_from_remaining", "seconds_left", "check_deadline", "deadline_exceeded",
@@ -68,9 +69,10 @@ def _too_big(what: str, has: str, limit: int, flag: str, reason: str) -> Resourc
     return ResourceExhaustedError(f"{what} has {has}, over the limit of {limit} ({flag})", reason=reason)
 
 
-def check_tensor_limits(value: Any, name: str, max_nnz: int, max_rank: int) -> None:
-    """``value``'s stored values and rank against the limits. Safe before validation: it reads
-    only the size of ``values`` and the length of the shape."""
+def check_tensor_limits(value: Any, name: str, limits: ServerConfig) -> None:
+    """``value``'s stored values and rank against ``limits.max_nnz`` and ``limits.max_rank``.
+    Safe before validation: it reads only the size of ``values`` and the length of the shape."""
+    max_nnz, max_rank = limits.max_nnz, limits.max_rank
     if isinstance(value, SparseTensor):
         rank, stored = len(value.dense_shape), value.values.size
         if stored > max_nnz:
@@ -83,7 +85,7 @@ def check_tensor_limits(value: Any, name: str, max_nnz: int, max_rank: int) -> N
         raise _too_big(name, f"rank {rank}", max_rank, "--max-rank", "RANK_TOO_LARGE")
 
 
-def check_argument_limits(op, args: dict[str, Any], max_nnz: int, max_rank: int) -> None:
+def check_argument_limits(op, args: dict[str, Any], limits: ServerConfig) -> None:
     """Every tensor argument of a call, and every per-dimension list (a shape, a permutation,
     start and size, axes), against the limits: before validation, so that no check or kernel
     walks a million-dimension shape."""
@@ -91,11 +93,11 @@ def check_argument_limits(op, args: dict[str, Any], max_nnz: int, max_rank: int)
     for name, value in args.items():
         arg = declared.get(name)
         if arg is not None and arg.type.per_dimension and isinstance(value, (list, np.ndarray)) \
-                and len(value) > max_rank:
-            raise _too_big(name, f"{len(value)} entries, one per dimension,", max_rank, "--max-rank",
+                and len(value) > limits.max_rank:
+            raise _too_big(name, f"{len(value)} entries, one per dimension,", limits.max_rank, "--max-rank",
                            "RANK_TOO_LARGE")
         for i, tensor in _tensors(value):
-            check_tensor_limits(tensor, name if i is None else f"{name}[{i}]", max_nnz, max_rank)
+            check_tensor_limits(tensor, name if i is None else f"{name}[{i}]", limits)
 
 
 def _tensors(value: Any) -> Iterable[tuple[int | None, Any]]:

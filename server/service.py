@@ -70,7 +70,7 @@ class Service:
         self.concurrency = config.max_concurrency or self.executor._max_workers
         self._slots = asyncio.Semaphore(self.concurrency)
         self.running = 0
-        self._queued = 0
+        self.queued = 0
         self.batcher = None
         if config.batch_window_ms > 0:
             from .batching import Batcher
@@ -143,19 +143,19 @@ class Service:
     async def _admit(self) -> None:
         """Take a --max-concurrency slot, queueing for one up to --max-queue deep."""
         if self._slots.locked():
-            if self._queued >= self.config.max_queue:
+            if self.queued >= self.config.max_queue:
                 raise UnavailableError(
                     f"the server is running {self.running} calls, its limit (--max-concurrency "
-                    f"{self.concurrency}), and {self._queued} more wait, its queue limit (--max-queue "
+                    f"{self.concurrency}), and {self.queued} more wait, its queue limit (--max-queue "
                     f"{self.config.max_queue}); retry later", reason="OVERLOADED")
-            self._queued += 1
+            self.queued += 1
             try:
                 async with asyncio.timeout(seconds_left()):
                     await self._slots.acquire()
             except TimeoutError:
                 raise deadline_exceeded("while the call waited for a worker") from None
             finally:
-                self._queued -= 1
+                self.queued -= 1
         else:
             await self._slots.acquire()  # free: returns at once
         self.running += 1
@@ -168,10 +168,6 @@ class Service:
         self._free_slot()
         if not future.cancelled():
             future.exception()  # read, so an abandoned call's error is not logged as never retrieved
-
-    @property
-    def queued(self) -> int:
-        return self._queued
 
     def warm_up(self) -> None:
         """Compile (or load from numba's disk cache) every kernel, then report ready."""
@@ -190,7 +186,7 @@ class Service:
         name_op(op_name, self.registry.ops)
         op = self.registry.get(op_name)
         resolved = {name: self._resolve(value, tenant) for name, value in args.items()}
-        check_argument_limits(op, resolved, self.config.max_nnz, self.config.max_rank)
+        check_argument_limits(op, resolved, self.config)
         if self.batcher is not None and op.batchable:
             return self._kept(await self.batcher.submit(op, resolved), keep, tenant)
         size = arguments_nbytes(resolved.values())
@@ -209,7 +205,7 @@ class Service:
         for name, op_name, args in raw_steps:
             args = {k: self._resolve(v, tenant) for k, v in args.items()}
             if op_name in self.registry.ops:  # an unknown op is the planner's to report
-                check_argument_limits(self.registry.get(op_name), args, self.config.max_nnz, self.config.max_rank)
+                check_argument_limits(self.registry.get(op_name), args, self.config)
             resolved.append((name, op_name, args))
         steps, chosen = await self.run(plan_pipeline, self.registry, resolved, outputs)
         return self._kept(await self.run(run_steps, self, steps, chosen), keep, tenant)
@@ -242,7 +238,7 @@ class Service:
             raise InternalError(f"{op.name} failed: {type(exc).__name__}: {exc}") from exc
         outputs = [(out.name, value) for out, value in zip(op.outputs, results)]
         for name, value in outputs:
-            check_tensor_limits(value, f"the {name} output of {op.name}", self.config.max_nnz, self.config.max_rank)
+            check_tensor_limits(value, f"the {name} output of {op.name}", self.config)
         return outputs
 
     def _kept(self, outputs: list[tuple[str, Any]], keep: bool, tenant: str) -> list[tuple[str, Any]]:
@@ -263,7 +259,7 @@ class Service:
     async def put(self, tensor: Any, tenant: str) -> tuple[str, int]:
         """Validate and keep a tensor; returns (handle, bytes). Stored on the loop after the
         check, so an upload abandoned at its deadline leaves nothing behind."""
-        check_tensor_limits(tensor, "tensor", self.config.max_nnz, self.config.max_rank)
+        check_tensor_limits(tensor, "tensor", self.config)
         value = await self.run(checked, tensor, "tensor")
         return self.store.put(value, tenant)
 

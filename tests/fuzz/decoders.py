@@ -26,6 +26,7 @@ with atheris.instrument_imports(include=["sparseserve"], exclude=KERNELS):
     from sparseserve._frames import MessageAssembler
     from sparseserve.errors import SparseServeError
     from sparseserve.server.argtypes import checked
+    from sparseserve.server.config import ServerConfig
     from sparseserve.server.limits import check_argument_limits
     from sparseserve.server.ops import REGISTRY
     from sparseserve.server.rest_wire import _decode_json_tensor, _decode_op_body, _decode_pb_tensor
@@ -34,12 +35,13 @@ with atheris.instrument_imports(include=["sparseserve"], exclude=KERNELS):
 KINDS = ("execute-protobuf", "execute-json", "tensor-protobuf", "tensor-json", "chunks", "frames")
 OPS = sorted(op.name for op in REGISTRY)
 RESULT_LIMIT = 1 << 20  # bytes an op may produce here, as --max-result-bytes does in the server
-JSON_DEPTH, MAX_NNZ, MAX_RANK = 64, 1 << 20, 32  # the server's --max-json-depth, --max-nnz, --max-rank
+JSON_DEPTH = 64  # the server's --max-json-depth
+LIMITS = ServerConfig(max_nnz=1 << 20, max_rank=32)  # --max-nnz, --max-rank
 
 
 def _run_op(name: str, args: dict) -> None:
     op = REGISTRY.get(name)
-    check_argument_limits(op, args, MAX_NNZ, MAX_RANK)
+    check_argument_limits(op, args, LIMITS)
     bound = op.bind(args)
     if op.result_bytes is None or op.result_bytes(**bound) <= RESULT_LIMIT:
         op.run("cpu", bound)
