@@ -20,10 +20,12 @@ from sparseserve._validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels._sort import frozen
 
+from .device import is_device_array
+
 if TYPE_CHECKING:
     from .registry import Arg
 
-__all__ = ["checked", "ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST", "AXES",
+__all__ = ["checked", "trust", "ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST", "AXES",
            "BOOL", "FLOAT", "SCALAR", "STRING", "INDEX"]
 
 
@@ -72,6 +74,17 @@ def checked(value: Any, name: str) -> Any:
     return _frozen(value)
 
 
+def trust(value: Any) -> Any:
+    """A tensor the server made itself from checked data (a result, a copy between host and
+    device) marked as checked, so binding it skips validation; host arrays made read-only."""
+    if isinstance(value, np.ndarray):
+        return frozen(value)
+    if type(value) is SparseTensor:
+        value = _frozen(value)
+    _CHECKED.add(value)
+    return value
+
+
 def _layout_of(value: Any) -> str:
     return value.layout if isinstance(value, SparseTensor) else "dense"
 
@@ -89,6 +102,12 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
         except ValueError as exc:
             raise InvalidArgumentError(f"{name} is not a regular array: {exc}",
                                        reason="BAD_ARGUMENT_TYPE") from None
+    if is_device_array(value):  # a dense tensor the GPU backend keeps: checked when it was stored
+        layout = "dense"
+        if layout not in layouts:
+            raise UnimplementedError(f"{op} does not support layout dense for {name}; it accepts "
+                                     f"{', '.join(layouts)}", reason="UNSUPPORTED_LAYOUT")
+        return value
     if not isinstance(value, (SparseTensor, np.ndarray)):
         raise InvalidArgumentError(f"{name} must be a tensor, not {type(value).__name__}",
                                    reason="BAD_ARGUMENT_TYPE")

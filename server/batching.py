@@ -222,7 +222,8 @@ def batch_key(op, bound: dict[str, Any]) -> tuple | None:
     if arg is None:
         return None
     tensor = bound[arg]
-    if not isinstance(tensor, SparseTensor) or tensor.layout != "coo" or tensor.nnz >= MERGED_NNZ_LIMIT:
+    # type, not isinstance: a GPU worker's DeviceTensor (a handle in device memory) runs alone.
+    if type(tensor) is not SparseTensor or tensor.layout != "coo" or tensor.nnz >= MERGED_NNZ_LIMIT:
         return None
     try:
         # bind fills ``bound`` in declaration order, so equal arguments give equal keys.

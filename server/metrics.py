@@ -90,6 +90,8 @@ class Metrics:
         self.received = Counter("sparseserve_received_bytes", "Request bytes received", ["wire"],
                                 registry=self.registry)
         self.sent = Counter("sparseserve_sent_bytes", "Response bytes sent", ["wire"], registry=self.registry)
+        self.fallbacks = Counter("sparseserve_device_fallbacks", "Calls a GPU worker ran on the CPU kernel "
+                                 "instead, by op and reason", ["op", "reason"], registry=self.registry)
         self.registry.register(_ServiceCollector(service))
         self._children: dict[tuple, tuple] = {}  # labels() takes a lock and builds keys; cache them
 
@@ -116,6 +118,9 @@ class Metrics:
                 "request_id": info.request_id, "wire": info.wire, "op": info.op, "code": info.code,
                 "seconds": round(seconds, 6), "bytes_in": info.bytes_in, "bytes_out": info.bytes_out,
                 "tenant": info.tenant}})
+
+    def count_fallback(self, op: str, reason: str) -> None:
+        self.fallbacks.labels(op, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -53,8 +53,9 @@ class OpDef:
     doc: str
     args: tuple[Arg, ...]
     outputs: tuple[Output, ...]
-    # device name -> function(**bound_args) returning one output or a tuple in declared order.
-    kernels: Mapping[str, Callable[..., Any]]
+    # "cpu" -> function(**bound_args) returning one output or a tuple in declared order;
+    # "cuda" -> a GpuKernel (Registry.gpu), when the op has one.
+    kernels: dict[str, Any]
     # Optional: bytes of the result computed from the bound arguments, checked
     # against --max-result-bytes before the kernel allocates anything.
     result_bytes: Callable[..., int] | None = None
@@ -85,6 +86,7 @@ class OpDef:
         return bound
 
     def run(self, device: str, bound: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The CPU kernel's outputs (the GPU backend dispatches ``cuda`` kernels itself)."""
         result = self.kernels[device](**bound)
         return result if isinstance(result, tuple) else (result,)
 
@@ -114,6 +116,21 @@ class Registry:
                 raise ValueError(f"op {name!r} is declared twice")
             self.ops[name] = OpDef(name, doc.strip(), tuple(args), tuple(outputs), {"cpu": fn},
                                    result_bytes, batchable)
+            return fn
+
+        return register
+
+    def gpu(self, name: str, *, supports: Callable[..., str | None]) -> Callable:
+        """Decorator giving the declared op ``name`` its GPU kernel: ``fn(backend, **bound)``,
+        array code over ``backend.xp``/``backend.sparse`` (``server/device.py``). ``supports``
+        says, from the arguments' metadata, which calls it can take; the rest run on the CPU."""
+        from .device import GpuKernel
+
+        def register(fn: Callable) -> Callable:
+            op = self.ops[name]  # declared above it, in the same module
+            if "cuda" in op.kernels:
+                raise ValueError(f"op {name!r} has two GPU kernels")
+            op.kernels["cuda"] = GpuKernel(fn, supports)
             return fn
 
         return register

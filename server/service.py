@@ -23,13 +23,14 @@ from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseSer
 
 from .argtypes import checked
 from .config import ServerConfig
+from .device import ArrayBackend, resolve_backend
 from .limits import check_argument_limits, check_deadline, check_tensor_limits, deadline_exceeded, seconds_left
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
 from .store import HandleStore, tensor_nbytes
 
-__all__ = ["Service", "resolve_device", "arguments_nbytes", "INLINE_BYTES"]
+__all__ = ["Service", "arguments_nbytes", "INLINE_BYTES"]
 
 log = logging.getLogger("sparseserve.server")
 
@@ -48,18 +49,13 @@ def arguments_nbytes(values) -> int:
     return total
 
 
-def resolve_device(requested: str) -> str:
-    """The device kernels run on. Only the CPU backend exists so far."""
-    if requested in ("cpu", "auto"):
-        return "cpu"
-    raise SystemExit("--device cuda: this build has no CUDA backend; use --device cpu or auto")
-
-
 class Service:
-    def __init__(self, config: ServerConfig, registry: Registry):
+    def __init__(self, config: ServerConfig, registry: Registry, backend: ArrayBackend | None | str = "resolve"):
         self.config = config
         self.registry = registry
-        self.device = resolve_device(config.device)
+        # None: CPU kernels only. The tests pass ArrayBackend.numpy_stand_in() to run the GPU paths.
+        self.backend = resolve_backend(config.device) if backend == "resolve" else backend
+        self.device = self.backend.name if self.backend is not None else "cpu"
         self.store = HandleStore(config.store_bytes, config.store_ttl,
                                  tenant_budget_bytes=config.tenant_store_bytes)
         self.tokens = config.tokens()
@@ -78,6 +74,8 @@ class Service:
             self.batcher = Batcher(self, config.batch_window_ms / 1000, config.max_batch)
         self._shared = None
         self.metrics = Metrics(self)
+        if self.backend is not None:
+            self.backend.on_fallback = self.metrics.count_fallback
 
     @property
     def shared(self):
@@ -228,7 +226,7 @@ class Service:
     def _compute(self, op, bound: dict[str, Any]) -> list[tuple[str, Any]]:
         """(output name, value) pairs of one op call on validated arguments."""
         try:
-            results = op.run(self.device, bound)
+            results = op.run("cpu", bound) if self.backend is None else self.backend.run(op, bound)
         except SparseServeError:
             raise
         except MemoryError:
@@ -245,8 +243,16 @@ class Service:
         """With ``keep``, the outputs stored and replaced by their handles. Called on the event
         loop once the work has come back, so a call abandoned at its deadline stores nothing."""
         if keep:
-            outputs = [(name, HandleRef(self.store.put(value, tenant)[0])) for name, value in outputs]
-        return outputs
+            return [(name, HandleRef(self.store.put(self._on_device(value), tenant)[0])) for name, value in outputs]
+        return [(name, self._on_host(value)) for name, value in outputs]
+
+    def _on_device(self, value: Any) -> Any:
+        """Where the store keeps a tensor: device memory on a GPU worker, until it is fetched."""
+        return value if self.backend is None else self.backend.to_device(value)
+
+    def _on_host(self, value: Any) -> Any:
+        """A tensor as the wires send it."""
+        return value if self.backend is None else self.backend.to_host(value)
 
     def _resolve(self, value: Any, tenant: str) -> Any:
         if isinstance(value, HandleRef):
@@ -261,10 +267,10 @@ class Service:
         check, so an upload abandoned at its deadline leaves nothing behind."""
         check_tensor_limits(tensor, "tensor", self.config)
         value = await self.run(checked, tensor, "tensor")
-        return self.store.put(value, tenant)
+        return self.store.put(self._on_device(value), tenant)
 
     def get(self, handle: str, tenant: str) -> Any:
-        return self.store.get(handle, tenant)
+        return self._on_host(self.store.get(handle, tenant))
 
     def delete(self, handle: str, tenant: str) -> None:
         self.store.delete(handle, tenant)

@@ -18,14 +18,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
 from sparseserve.errors import NotFoundError, PermissionDeniedError, ResourceExhaustedError
 
 __all__ = ["HandleStore", "tensor_nbytes"]
 
 
 def tensor_nbytes(t: Any) -> int:
-    return t.nbytes if isinstance(t, SparseTensor) else int(np.asarray(t).nbytes)
+    """Bytes of a tensor's arrays: host memory, or device memory for a GPU worker's."""
+    nbytes = getattr(t, "nbytes", None)  # SparseTensor, numpy and CuPy arrays
+    return int(nbytes) if nbytes is not None else int(np.asarray(t).nbytes)
 
 
 @dataclass

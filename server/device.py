@@ -1,0 +1,202 @@
+"""Where kernels run: the CPU (numba) or a CUDA GPU (CuPy), chosen once per server by ``--device``.
+
+The GPU backend is array code over a namespace pair: ``xp`` (numpy's API) and ``sparse``
+(scipy.sparse's API). On a GPU host they are CuPy and ``cupyx.scipy.sparse`` (cuSPARSE);
+the tests give the very same functions numpy and scipy.sparse, so every GPU code path has
+its logic checked on a machine without a GPU.
+
+An op runs on the GPU when its declaration has a ``cuda`` kernel (``Registry.gpu``) and that
+kernel's ``supports`` check accepts the call's arguments (CuPy's sparse matrices hold only
+bool, float32/64 and complex64/128, and no BSR); otherwise the call falls back to the CPU
+kernel, which is logged and counted in ``sparseserve_device_fallbacks_total``. Either way the
+answer is the CPU kernel's answer: the tests hold every GPU kernel to it.
+
+Tensors the GPU backend keeps (handles) live in device memory as ``DeviceTensor`` (sparse) or
+device arrays (dense) until a client fetches them; the store counts their device bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from sparseserve._tensor import SparseTensor
+
+__all__ = ["DeviceTensor", "GpuKernel", "Fallback", "ArrayBackend", "GpuUnavailable", "resolve_backend",
+           "is_device_array"]
+
+log = logging.getLogger("sparseserve.device")
+
+
+class Fallback(Exception):
+    """Raised by a GPU kernel, before it has changed anything, for a call it cannot do: the
+    CPU kernel answers instead. The message is the reason (a metric label: keep it a short word)."""
+
+
+class GpuUnavailable(RuntimeError):
+    """CuPy is not installed or finds no GPU."""
+
+
+@dataclass(frozen=True)
+class GpuKernel:
+    # fn(backend, **bound): every tensor argument already on the device; returns what the CPU
+    # kernel returns (one output or a tuple), with device tensors in place of host ones.
+    fn: Callable[..., Any]
+    # supports(**bound) -> None when fn can do the call, else a short reason word. It reads
+    # only metadata (layout, dtype, shape), so it is cheap and moves nothing.
+    supports: Callable[..., str | None]
+
+
+def is_device_array(value: Any) -> bool:
+    """A CuPy array (numpy arrays are host arrays, also under the numpy stand-in)."""
+    return type(value).__module__.startswith("cupy")
+
+
+class DeviceTensor(SparseTensor):
+    """A sparse tensor whose arrays live on the GPU backend's device. It has SparseTensor's
+    metadata (shape, dtype, nnz, layout, nbytes), so argument checks and result-size
+    estimates read it as they read a host tensor; its arrays are the backend's."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, layout: str, dense_shape, *, values, indices=None, compressed_indices=None,
+           plain_indices=None, blocksize=None, coalesced: bool = False) -> "DeviceTensor":
+        from .argtypes import trust
+
+        t = object.__new__(cls)  # no __init__: it would copy the arrays to the host
+        t.layout = layout
+        t.dense_shape = tuple(int(d) for d in dense_shape)
+        t.values = values
+        t.indices = indices
+        t.compressed_indices = compressed_indices
+        t.plain_indices = plain_indices
+        t.blocksize = None if blocksize is None else tuple(int(b) for b in blocksize)
+        t.coalesced = bool(coalesced)
+        return trust(t)  # made by the server from checked data: not validated again on use
+
+
+class ArrayBackend:
+    """The GPU backend: ``xp`` and ``sparse`` are CuPy and cupyx.scipy.sparse on a GPU host, or
+    numpy and scipy.sparse standing in for them (``numpy_stand_in``, the tests' backend)."""
+
+    def __init__(self, xp, sparse, *, name: str = "cuda", on_fallback: Callable[[str, str], None] | None = None):
+        self.name = name
+        self.xp = xp
+        self.sparse = sparse
+        self.on_fallback = on_fallback or (lambda op, reason: None)
+
+    @classmethod
+    def cupy(cls) -> "ArrayBackend":
+        try:
+            import cupy
+            import cupyx.scipy.sparse as cusparse
+        except ImportError as exc:
+            raise GpuUnavailable(f"CuPy is not installed ({exc}); pip install \"sparseserve[gpu]\"") from None
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # CUDARuntimeError without a driver
+            raise GpuUnavailable(f"CuPy finds no CUDA driver ({exc})") from None
+        if count < 1:
+            raise GpuUnavailable("CuPy finds no GPU")
+        return cls(cupy, cusparse)
+
+    @classmethod
+    def numpy_stand_in(cls) -> "ArrayBackend":
+        """numpy and scipy.sparse in CuPy's place: the GPU code paths, run on the CPU."""
+        import scipy.sparse
+
+        return cls(np, scipy.sparse)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.xp is not np
+
+    # ------------------------------------------------------------ arrays
+    def scatter_add(self, out, index, values) -> None:
+        """out[index] += values with repeated indices summed (numpy's add.at, cupyx's scatter_add)."""
+        if self.on_gpu:
+            import cupyx
+
+            cupyx.scatter_add(out, index, values)
+        else:
+            np.add.at(out, index, values)
+
+    def to_device(self, value: Any) -> Any:
+        """Host tensors (and lists of them) copied to the device; anything else as it is."""
+        if isinstance(value, DeviceTensor) or is_device_array(value):
+            return value
+        if isinstance(value, SparseTensor):
+            asarray = self.xp.asarray
+            if value.layout == "coo":
+                return DeviceTensor.of("coo", value.dense_shape, values=asarray(value.values),
+                                       indices=asarray(value.indices), coalesced=value.coalesced)
+            return DeviceTensor.of(value.layout, value.dense_shape, values=asarray(value.values),
+                                   compressed_indices=asarray(value.compressed_indices),
+                                   plain_indices=asarray(value.plain_indices), blocksize=value.blocksize,
+                                   coalesced=value.coalesced)
+        if isinstance(value, np.ndarray):
+            return self.xp.asarray(value)
+        if isinstance(value, list):
+            return [self.to_device(v) for v in value]
+        return value
+
+    def to_host(self, value: Any) -> Any:
+        """Device tensors (and lists of them) copied to host memory as the wires and the CPU
+        kernels take them; anything else as it is."""
+        from .argtypes import trust
+
+        if isinstance(value, DeviceTensor):
+            host = self._host_array
+            if value.layout == "coo":
+                t = SparseTensor(indices=host(value.indices), values=host(value.values),
+                                 dense_shape=value.dense_shape, coalesced=value.coalesced)
+            else:
+                t = SparseTensor(layout=value.layout, compressed_indices=host(value.compressed_indices),
+                                 plain_indices=host(value.plain_indices), values=host(value.values),
+                                 dense_shape=value.dense_shape, blocksize=value.blocksize,
+                                 coalesced=value.coalesced)
+            return trust(t)
+        if is_device_array(value):
+            return trust(self._host_array(value))
+        if isinstance(value, list):
+            return [self.to_host(v) for v in value]
+        return value
+
+    def _host_array(self, a) -> np.ndarray:
+        return a.get() if is_device_array(a) else np.asarray(a)
+
+    # ------------------------------------------------------------ dispatch
+    def run(self, op, bound: dict[str, Any]) -> tuple[Any, ...]:
+        """One op call: on the device when its GPU kernel supports it, else on the CPU kernel
+        with the arguments brought to the host (logged and counted)."""
+        kernel: GpuKernel | None = op.kernels.get("cuda")
+        reason = "no_gpu_kernel" if kernel is None else kernel.supports(**bound)
+        if reason is None:
+            try:
+                result = kernel.fn(self, **{k: self.to_device(v) for k, v in bound.items()})
+                return result if isinstance(result, tuple) else (result,)
+            except Fallback as why:
+                reason = str(why) or "gpu_kernel"
+        log.info("op %s runs on the CPU: %s", op.name, reason, extra={"fields": {"op": op.name,
+                                                                               "fallback": reason}})
+        self.on_fallback(op.name, reason)
+        return op.run("cpu", {k: self.to_host(v) for k, v in bound.items()})
+
+
+def resolve_backend(requested: str) -> ArrayBackend | None:
+    """The GPU backend for ``--device cuda`` (an error without one) or ``auto`` (the CPU then);
+    None means the CPU kernels alone."""
+    if requested == "cpu":
+        return None
+    try:
+        return ArrayBackend.cupy()
+    except GpuUnavailable as exc:
+        if requested == "auto":
+            log.info("--device auto: no usable GPU (%s); kernels run on the CPU", exc)
+            return None
+        raise SystemExit(f"--device cuda: {exc}. Use --device cpu, or auto to take a GPU only when "
+                         "there is one") from None

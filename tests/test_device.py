@@ -1,0 +1,188 @@
+"""The GPU backend's plumbing: ``--device``, handles kept in device memory, results sent from
+the host, CPU fallbacks logged and counted, pipelines and batching on a GPU worker.
+
+The backend runs here on numpy and scipy.sparse in CuPy's place (``ArrayBackend.numpy_stand_in``):
+the same dispatch, copies and store accounting a GPU worker does. With CuPy and a GPU present,
+every test here runs on CuPy as well."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from sparseserve import Client, SparseTensor
+from sparseserve._tensor import HandleRef, OutputRef
+from sparseserve.server.batching import batch_key
+from sparseserve.server.config import ServerConfig
+from sparseserve.server.device import ArrayBackend, DeviceTensor, Fallback, GpuKernel, GpuUnavailable
+from sparseserve.server.ops import REGISTRY
+from sparseserve.server.service import Service
+
+from conftest import ServerProcess
+
+
+def _cupy_backend() -> ArrayBackend:
+    try:
+        return ArrayBackend.cupy()
+    except GpuUnavailable as exc:
+        pytest.skip(f"no CuPy GPU backend here: {exc}")
+
+
+@pytest.fixture(params=["numpy-stand-in", "cupy"])
+def backend(request) -> ArrayBackend:
+    return ArrayBackend.numpy_stand_in() if request.param == "numpy-stand-in" else _cupy_backend()
+
+
+@pytest.fixture
+def gpu(backend):
+    service = Service(ServerConfig(batch_window_ms=0), REGISTRY, backend=backend)
+    yield service
+    service.close()
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    service = Service(ServerConfig(), REGISTRY, backend=None)
+    yield service
+    service.close()
+
+
+def sample(n: int = 40, seed: int = 0) -> SparseTensor:
+    """Unsorted float64 COO with repeated entries."""
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, 6, size=(n, 2))
+    return SparseTensor(indices=indices, values=rng.standard_normal(n), dense_shape=[6, 6])
+
+
+def execute(service: Service, op: str, args: dict, keep: bool = False):
+    return dict(asyncio.run(service.execute(op, args, keep, "")))
+
+
+def fallbacks(service: Service) -> dict[tuple[str, str], float]:
+    counts = {}
+    for metric in service.metrics.registry.collect():
+        if metric.name == "sparseserve_device_fallbacks":
+            for s in metric.samples:
+                if s.name.endswith("_total"):
+                    counts[(s.labels["op"], s.labels["reason"])] = s.value
+    return counts
+
+
+def test_put_keeps_the_tensor_in_device_memory_and_the_store_counts_its_bytes(gpu):
+    st = sample()
+    handle, nbytes = asyncio.run(gpu.put(st, ""))
+    stored = gpu.store.get(handle, "")
+    assert type(stored) is DeviceTensor
+    assert isinstance(stored.values, gpu.backend.xp.ndarray)
+    assert nbytes == stored.nbytes == st.nbytes
+    assert gpu.store.stats() == (1, nbytes)
+    fetched = gpu.get(handle, "")  # a fetch copies it to the host for the wire
+    assert type(fetched) is SparseTensor and isinstance(fetched.values, np.ndarray)
+    np.testing.assert_array_equal(fetched.indices, st.indices)
+    np.testing.assert_array_equal(fetched.values, st.values)
+
+
+def test_kept_results_stay_on_the_device_and_answers_leave_from_the_host(gpu, cpu):
+    st = sample()
+    kept = execute(gpu, "coalesce", {"sp_input": st}, keep=True)["output"]
+    assert isinstance(kept, HandleRef)
+    assert type(gpu.store.get(kept.handle, "")) is DeviceTensor
+    dense = execute(gpu, "to_dense", {"sp_input": kept})["output"]
+    assert type(dense) is np.ndarray
+    expected = execute(cpu, "to_dense", {"sp_input": execute(cpu, "coalesce", {"sp_input": st})["output"]})["output"]
+    np.testing.assert_allclose(dense, expected, rtol=1e-12)
+    assert not fallbacks(gpu), "coalesce and to_dense have GPU kernels"
+
+
+def test_an_op_without_a_gpu_kernel_runs_on_the_cpu_logged_and_counted(gpu, cpu, caplog):
+    assert "cuda" not in REGISTRY.get("slice").kernels
+    h = execute(gpu, "coalesce", {"sp_input": sample()}, keep=True)["output"]  # a tensor in device memory
+    with caplog.at_level(logging.INFO, logger="sparseserve.device"):
+        got = execute(gpu, "slice", {"sp_input": h, "start": [1, 0], "size": [4, 5]})["output"]
+    want = execute(cpu, "slice", {"sp_input": gpu.get(h.handle, ""), "start": [1, 0], "size": [4, 5]})["output"]
+    assert type(got) is SparseTensor
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.values, want.values)
+    assert fallbacks(gpu) == {("slice", "no_gpu_kernel"): 1.0}
+    assert any("op slice runs on the CPU: no_gpu_kernel" in r.getMessage() for r in caplog.records)
+    assert b'sparseserve_device_fallbacks_total{op="slice",reason="no_gpu_kernel"} 1.0' in gpu.metrics.render()
+
+
+def test_a_gpu_kernel_that_declines_a_call_hands_it_to_the_cpu_kernel(gpu, cpu, monkeypatch):
+    op = REGISTRY.get("coalesce")
+
+    def declines(be, **bound):
+        raise Fallback("too_big_for_the_device")
+
+    monkeypatch.setitem(op.kernels, "cuda", GpuKernel(declines, lambda **bound: None))
+    st = sample()
+    got = execute(gpu, "coalesce", {"sp_input": st})["output"]
+    want = execute(cpu, "coalesce", {"sp_input": st})["output"]
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.values, want.values)
+    assert fallbacks(gpu) == {("coalesce", "too_big_for_the_device"): 1.0}
+
+
+def test_a_call_the_gpu_kernel_does_not_support_gives_the_cpu_answer(gpu, cpu):
+    # int64 values: CuPy's sparse matrices hold bool, float and complex only.
+    st = SparseTensor(indices=[[0, 0], [1, 1], [2, 0]], values=np.array([3, -4, 5], np.int64), dense_shape=[3, 2])
+    x = np.array([7, 11], np.int64)
+    got = execute(gpu, "matmul", {"a": st, "b": x})["output"]
+    np.testing.assert_array_equal(got, execute(cpu, "matmul", {"a": st, "b": x})["output"])
+    assert [op for op, _ in fallbacks(gpu)] == ["matmul"]
+
+
+def test_a_pipeline_keeps_intermediates_on_the_device_and_returns_host_outputs(gpu, cpu):
+    h = execute(gpu, "coalesce", {"sp_input": sample()}, keep=True)["output"]
+    steps = [("t", "transpose", {"sp_input": h}), ("d", "to_dense", {"sp_input": OutputRef("t.output")})]
+    out = dict(asyncio.run(gpu.execute_pipeline(steps, ["d.output"], False, "")))
+    assert type(out["d.output"]) is np.ndarray
+    np.testing.assert_allclose(out["d.output"], cpu_dense_transposed(cpu, gpu.get(h.handle, "")), rtol=1e-12)
+
+
+def cpu_dense_transposed(cpu, st):
+    return execute(cpu, "to_dense", {"sp_input": execute(cpu, "transpose", {"sp_input": st})["output"]})["output"]
+
+
+def test_a_device_handle_is_never_merged_into_a_batch(gpu):
+    op = REGISTRY.get("reorder")
+    host = op.bind({"sp_input": sample()})
+    assert batch_key(op, host) is not None
+    on_device = op.bind({"sp_input": gpu.backend.to_device(sample())})
+    assert batch_key(op, on_device) is None
+
+
+def test_device_cuda_without_a_gpu_stops_with_a_clear_message():
+    try:
+        ArrayBackend.cupy()
+        pytest.skip("this host has CuPy and a GPU: --device cuda starts")
+    except GpuUnavailable:
+        pass
+    proc = subprocess.run([sys.executable, "-m", "sparseserve.cli", "serve", "--device", "cuda",
+                           "--grpc-port", "0", "--http-port", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "--device cuda:" in proc.stderr and "--device cpu" in proc.stderr, proc.stderr
+
+
+def test_device_auto_picks_what_the_host_has_and_says_so_on_both_wires():
+    try:
+        ArrayBackend.cupy()
+        expected = "cuda"
+    except GpuUnavailable:
+        expected = "cpu"
+    srv = ServerProcess("--device", "auto")
+    try:
+        assert srv.events[0]["device"] == expected  # the "listening" line
+        assert httpx.get(f"{srv.http_url}/readyz").json() == {"status": "ready", "device": expected}
+        assert httpx.get(f"{srv.http_url}/v1/ops").json()["device"] == expected
+        with Client(srv.grpc_target) as c:
+            c.list_ops()
+            assert c.device == expected
+    finally:
+        assert srv.stop() == 0
