@@ -11,6 +11,9 @@ bool, float32/64 and complex64/128, and no BSR); otherwise the call falls back t
 kernel, which is logged and counted in ``sparseserve_device_fallbacks_total``. Either way the
 answer is the CPU kernel's answer: the tests hold every GPU kernel to it.
 
+GPU kernels receive their inputs' arrays without a copy (a kept handle's arrays, or the read-only
+arrays a request was decoded into), so they never write an input.
+
 Tensors the GPU backend keeps (handles) live in device memory as ``DeviceTensor`` (sparse) or
 device arrays (dense) until a client fetches them; the store counts their device bytes.
 """
@@ -117,7 +120,9 @@ class ArrayBackend:
 
     # ------------------------------------------------------------ arrays
     def scatter_add(self, out, index, values) -> None:
-        """out[index] += values with repeated indices summed (numpy's add.at, cupyx's scatter_add)."""
+        """out[index] += values with repeated indices summed (numpy's add.at, cupyx's scatter_add).
+        cupyx.scatter_add takes int32, uint32, uint64, float32 and float64 only: callers sum other
+        dtypes in one of those (``kernels/arrays.py`` says how)."""
         if self.on_gpu:
             import cupyx
 
@@ -181,6 +186,12 @@ class ArrayBackend:
                 return result if isinstance(result, tuple) else (result,)
             except Fallback as why:
                 reason = str(why) or "gpu_kernel"
+            except Exception as exc:
+                # CuPy's OutOfMemoryError: the device is full (of handles, say); host memory may
+                # not be, and the answer is the same.
+                if type(exc).__name__ != "OutOfMemoryError":
+                    raise
+                reason = "device_memory"
         log.info("op %s runs on the CPU: %s", op.name, reason, extra={"fields": {"op": op.name,
                                                                                "fallback": reason}})
         self.on_fallback(op.name, reason)

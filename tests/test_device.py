@@ -129,6 +129,23 @@ def test_a_gpu_kernel_that_declines_a_call_hands_it_to_the_cpu_kernel(gpu, cpu, 
     assert fallbacks(gpu) == {("coalesce", "too_big_for_the_device"): 1.0}
 
 
+class OutOfMemoryError(Exception):
+    """What CuPy raises when device memory runs out (matched by name: CuPy is not imported here)."""
+
+
+def test_a_full_device_hands_the_call_to_the_cpu_kernel(gpu, cpu, monkeypatch):
+    op = REGISTRY.get("coalesce")
+
+    def device_full(be, **bound):
+        raise OutOfMemoryError("out of memory allocating 8,388,608 bytes")
+
+    monkeypatch.setitem(op.kernels, "cuda", GpuKernel(device_full, lambda **bound: None))
+    st = sample()
+    got = execute(gpu, "coalesce", {"sp_input": st})["output"]
+    np.testing.assert_array_equal(got.values, execute(cpu, "coalesce", {"sp_input": st})["output"].values)
+    assert fallbacks(gpu) == {("coalesce", "device_memory"): 1.0}
+
+
 def test_a_call_the_gpu_kernel_does_not_support_gives_the_cpu_answer(gpu, cpu):
     # int64 values: CuPy's sparse matrices hold bool, float and complex only.
     st = SparseTensor(indices=[[0, 0], [1, 1], [2, 0]], values=np.array([3, -4, 5], np.int64), dense_shape=[3, 2])

@@ -7,9 +7,12 @@ import numpy as np
 from sparseserve._tensor import SparseTensor
 from sparseserve.errors import InvalidArgumentError
 from sparseserve import kernels
+from sparseserve.kernels import arrays as ka
 
 from ..argtypes import BOOL, DENSE, OPTIONAL_INT, SCALAR, SPARSE
+from ..device import Fallback
 from ..registry import REGISTRY, Arg, Output
+from . import _gpu
 from ._common import cast_scalar, check_ordered, coo
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
@@ -28,6 +31,19 @@ def reorder(sp_input: SparseTensor) -> SparseTensor:
     return coo(indices, values, sp_input, coalesced=False)
 
 
+# GPU kernels of the COO basics: every dtype (values move by gathers; sums go through
+# ``arrays.segment_sum``, which has a work form for each SPEC dtype).
+def _coo_on_gpu(sp_input, **_) -> str | None:
+    return None if _gpu.native(sp_input) else "dtype"
+
+
+@REGISTRY.gpu("reorder", supports=_coo_on_gpu)
+@_gpu.quiet
+def reorder_gpu(be, sp_input: SparseTensor) -> SparseTensor:
+    indices, values = ka.reorder(be.xp, sp_input.indices, sp_input.values, sp_input.dense_shape)
+    return _gpu.coo(sp_input.dense_shape, indices, values, coalesced=False)
+
+
 @REGISTRY.op(
     "coalesce",
     doc="""Sorts the entries row-major and sums the values of repeated indices (torch's coalesce).
@@ -39,6 +55,14 @@ Booleans combine with logical or; integers wrap as numpy's do.""",
 def coalesce(sp_input: SparseTensor) -> SparseTensor:
     indices, values = kernels.coalesce(sp_input.indices, sp_input.values, sp_input.dense_shape)
     return coo(indices, values, sp_input, coalesced=True)
+
+
+@REGISTRY.gpu("coalesce", supports=_coo_on_gpu)
+@_gpu.quiet
+def coalesce_gpu(be, sp_input: SparseTensor) -> SparseTensor:
+    indices, values = ka.coalesce(be.xp, sp_input.indices, sp_input.values, sp_input.dense_shape,
+                                  be.scatter_add)
+    return _gpu.coo(sp_input.dense_shape, indices, values, coalesced=True)
 
 
 def _dense_bytes(sp_input: SparseTensor, **_) -> int:
@@ -63,6 +87,33 @@ def to_dense(sp_input: SparseTensor, default_value=0, validate_indices: bool = T
         check_ordered(sp_input.indices, sp_input.dense_shape, "sp_input.indices", "reorder the tensor first")
     return kernels.to_dense(sp_input.indices, sp_input.values, sp_input.dense_shape, default,
                             validate_indices)
+
+
+def _to_dense_on_gpu(sp_input, default_value=0, validate_indices=True, **_) -> str | None:
+    if not _gpu.native(sp_input):
+        return "dtype"
+    return "argument" if _gpu.refused(cast_scalar, default_value, sp_input.dtype, "default_value") else None
+
+
+@REGISTRY.gpu("to_dense", supports=_to_dense_on_gpu)
+@_gpu.quiet
+def to_dense_gpu(be, sp_input: SparseTensor, default_value=0, validate_indices: bool = True):
+    xp = be.xp
+    shape = sp_input.dense_shape
+    s = sp_input.sparse_ndim
+    keys = ka.linearize(xp, sp_input.indices, shape[:s])
+    if validate_indices:
+        if not ka.is_strictly_increasing(xp, keys):
+            raise Fallback("unordered")  # the CPU kernel names the first bad entry
+        values = sp_input.values
+    else:
+        indices, values = ka.coalesce(xp, sp_input.indices, sp_input.values, shape, be.scatter_add)
+        keys = ka.linearize(xp, indices, shape[:s])
+    n_rows = 1
+    for d in shape[:s]:
+        n_rows *= int(d)
+    default = cast_scalar(default_value, sp_input.dtype, "default_value")
+    return ka.fill_dense(xp, keys, values, n_rows, default, sp_input.dtype, shape)
 
 
 @REGISTRY.op(

@@ -16,10 +16,13 @@ import numpy as np
 
 from sparseserve._tensor import SparseTensor
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import elementwise as ek
 
 from ..argtypes import DENSE, FLOAT, SPARSE, STRING, TENSOR
+from ..device import Fallback
 from ..registry import REGISTRY, Arg, Output
+from . import _gpu
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
 
@@ -50,6 +53,19 @@ def with_values(sp_input: SparseTensor, new_values: np.ndarray) -> SparseTensor:
             f"new_values has shape {_shape(new_values.shape)}, but sp_input.values has shape "
             f"{_shape(want)}; they must be equal", reason="VALUES_SHAPE_MISMATCH")
     return _same_structure(sp_input, np.array(new_values, copy=True))
+
+
+def _with_values_on_gpu(sp_input, new_values, **_) -> str | None:
+    want = (sp_input.nnz, *sp_input.dense_shape[sp_input.sparse_ndim:])
+    if tuple(new_values.shape) != want:
+        return "shape"
+    return None if _gpu.native(sp_input, new_values) else "dtype"
+
+
+@REGISTRY.gpu("with_values", supports=_with_values_on_gpu)
+@_gpu.quiet
+def with_values_gpu(be, sp_input: SparseTensor, new_values) -> SparseTensor:
+    return _gpu.same_structure(sp_input, be.xp.array(new_values, copy=True))
 
 
 # ----------------------------------------------------------------------- retain
@@ -149,6 +165,76 @@ def div(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
     return _same_structure(sp_input, ek.divide(sp_input.values, operand, dtype))
 
 
+# mul and div on the GPU: the dense operand's row for each entry is gathered by its broadcast
+# key (the CPU's gather_operand), then numpy's arithmetic rules over the device arrays. Complex
+# division runs on the CPU (CUDA's complex quotient rounds and treats inf/nan differently from
+# numpy's), as do integer divisions by zero (the CPU kernel names the entry).
+def _cwise_on_gpu(sp_input, dense, **_) -> str | None:
+    if _gpu.refused(_check_broadcast, sp_input, dense):
+        return "shape"
+    return None if _gpu.native(sp_input, dense) else "dtype"
+
+
+def _div_on_gpu(sp_input, dense, **_) -> str | None:
+    dtype = np.result_type(sp_input.dtype, dense.dtype)
+    if dtype == np.bool_ or dtype.kind == "c":
+        return "dtype"
+    return _cwise_on_gpu(sp_input, dense)
+
+
+def _gather_operand_gpu(xp, sp_input: SparseTensor, dense):
+    """The CPU's ek.gather_operand over device arrays: dense's row at each entry's broadcast
+    index, ``[nnz, *padded dense shape[sparse_ndim:]]``."""
+    s = sp_input.sparse_ndim
+    shape = ek.padded_shape(dense.shape, sp_input.ndim)
+    lead, inner = shape[:s], shape[s:]
+    rows = xp.ascontiguousarray(dense).reshape((int(np.prod(lead, dtype=np.int64)), *inner))
+    indices = sp_input.indices
+    keys = xp.zeros(int(indices.shape[0]), dtype=xp.int64)
+    for j, d in enumerate(lead):
+        keys = keys * int(d) + (0 if d == 1 else indices[:, j])
+    return rows[keys]
+
+
+@REGISTRY.gpu("mul", supports=_cwise_on_gpu)
+@_gpu.quiet
+def mul_gpu(be, sp_input: SparseTensor, dense) -> SparseTensor:
+    xp = be.xp
+    dtype = np.result_type(sp_input.dtype, dense.dtype)
+    operand = _gather_operand_gpu(xp, sp_input, dense)
+    if dtype == np.bool_:
+        out = xp.logical_and(sp_input.values, operand)
+    else:
+        out = xp.multiply(sp_input.values, operand, dtype=dtype)
+    return _gpu.same_structure(sp_input, out)
+
+
+@REGISTRY.gpu("div", supports=_div_on_gpu)
+@_gpu.quiet
+def div_gpu(be, sp_input: SparseTensor, dense) -> SparseTensor:
+    xp = be.xp
+    dtype = np.result_type(sp_input.dtype, dense.dtype)
+    operand = _gather_operand_gpu(xp, sp_input, dense)
+    values = sp_input.values
+    if dtype.kind == "f":
+        return _gpu.same_structure(sp_input, xp.true_divide(values, operand, dtype=dtype))
+    a, b = values.astype(dtype), operand.astype(dtype)
+    zero = xp.broadcast_to(b == 0, np.broadcast_shapes(a.shape, b.shape))
+    if zero.size and bool(xp.any(zero)):
+        raise Fallback("division_by_zero")  # the CPU kernel names the entry
+    if dtype.kind == "i":
+        # Truncation toward zero; x / -1 as a wrapping negation (INT_MIN / -1 wraps, where a
+        # native division overflows), the other quotients from numpy's floor division.
+        minus_one = b == -1
+        b = xp.where(minus_one, dtype.type(1), b)
+        q = xp.floor_divide(a, b)
+        q = q + ((xp.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(dtype)
+        q = xp.where(minus_one, xp.negative(a), q)
+    else:
+        q = xp.floor_divide(a, b)
+    return _gpu.same_structure(sp_input, q.astype(dtype))
+
+
 # -------------------------------------------------------------------------- add
 def _add_bytes(a, b, threshold=0, **_) -> int:
     try:
@@ -205,6 +291,66 @@ def add(a, b, threshold: float = 0.0):
                             coalesced=True)
     sp, dense = (a, b) if a_sparse else (b, a)
     return ek.add_dense(sp.indices, sp.values, sp.dense_shape, dense, dtype)
+
+
+# add on the GPU: the operands' entries concatenated and coalesced (``arrays.coalesce``), the
+# threshold applied to each entry's largest magnitude; sparse + dense adds the coalesced entries
+# into a copy of the dense operand. Complex sums with a threshold run on the CPU (|z| is rounded
+# differently by CUDA, and the threshold is a sharp edge).
+def _add_on_gpu(a, b, threshold=0.0, **_) -> str | None:
+    a_sparse, b_sparse = _gpu.is_sparse(a), _gpu.is_sparse(b)
+    if not a_sparse and not b_sparse:
+        return "argument"
+    if math.isnan(threshold) or threshold < 0:
+        return "argument"
+    a_shape = list(a.dense_shape) if a_sparse else _shape(a.shape)
+    b_shape = list(b.dense_shape) if b_sparse else _shape(b.shape)
+    if a_shape != b_shape:
+        return "shape"
+    if a_sparse and b_sparse and a.sparse_ndim != b.sparse_ndim:
+        return "shape"
+    if not _gpu.native(a, b):
+        return "dtype"
+    dtype = np.result_type(a.dtype, b.dtype)
+    if dtype.kind == "c" and threshold > 0 and a_sparse and b_sparse:
+        return "dtype"
+    return None
+
+
+def _magnitude_gpu(xp, values2d):
+    """The CPU's ek.block_magnitude over device arrays."""
+    n = int(values2d.shape[0])
+    if values2d.shape[1] == 0:
+        return xp.zeros(n)
+    mag = values2d.astype(xp.float64) if values2d.dtype == np.bool_ else xp.abs(values2d).astype(xp.float64)
+    return xp.max(mag, axis=1)
+
+
+@REGISTRY.gpu("add", supports=_add_on_gpu)
+@_gpu.quiet
+def add_gpu(be, a, b, threshold: float = 0.0):
+    xp = be.xp
+    dtype = np.result_type(a.dtype, b.dtype)
+    if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
+        indices = xp.concatenate([a.indices, b.indices])
+        values = xp.concatenate([a.values.astype(dtype), b.values.astype(dtype)])
+        indices, values = ka.coalesce(xp, indices, values, a.dense_shape, be.scatter_add)
+        n = int(indices.shape[0])
+        if threshold > 0 and n:
+            keep = ~(_magnitude_gpu(xp, values.reshape(n, -1)) < threshold)
+            indices, values = indices[keep], values[keep]
+        return _gpu.coo(a.dense_shape, indices, values, coalesced=True)
+    sp, dense = (a, b) if isinstance(a, SparseTensor) else (b, a)
+    out = xp.array(dense, dtype=dtype, copy=True)
+    if sp.nnz == 0 or out.size == 0:
+        return out
+    indices, values = ka.coalesce(xp, sp.indices, sp.values.astype(dtype), sp.dense_shape, be.scatter_add)
+    s = sp.sparse_ndim
+    keys = ka.linearize(xp, indices, sp.dense_shape[:s])
+    rows = out.reshape(int(np.prod(sp.dense_shape[:s], dtype=np.int64)), -1)
+    summed = values.reshape(int(keys.shape[0]), -1)
+    rows[keys] = (rows[keys] | summed) if dtype == np.bool_ else (rows[keys] + summed)  # keys are unique
+    return out
 
 
 # ------------------------------------------------------------------- map_values
@@ -293,3 +439,43 @@ def map_values(sp_input: SparseTensor, fn: str) -> SparseTensor:
             f"{', '.join(MAP_FUNCTIONS)}. For other functions densify with to_dense first",
             reason="UNKNOWN_FUNCTION")
     return _same_structure(sp_input, _map(name, sp_input.values))
+
+
+# map_values on the GPU: the same numpy ufuncs from the device namespace. Complex values under
+# sign and the analytic functions run on the CPU (CUDA's complex functions round and handle
+# branch cuts and inf/nan differently, and CuPy's complex sign is not numpy 2's z/|z|).
+_GPU_MAP = {"neg": "negative", "abs": "abs", "sign": "sign", "square": "square", "conj": "conj", "ceil": "ceil",
+            "floor": "floor", "round": "rint", "trunc": "trunc", "sqrt": "sqrt", "sin": "sin", "tan": "tan",
+            "tanh": "tanh", "asin": "arcsin", "atan": "arctan", "sinh": "sinh", "asinh": "arcsinh",
+            "atanh": "arctanh", "expm1": "expm1", "log1p": "log1p", "deg2rad": "deg2rad", "rad2deg": "rad2deg"}
+
+
+def _map_values_on_gpu(sp_input, fn, **_) -> str | None:
+    name = _ALIASES.get(fn.lower(), fn.lower())
+    if name not in MAP_FUNCTIONS:
+        return "argument"
+    probe = np.zeros(0, sp_input.dtype)  # the CPU's dtype rules, on an empty array
+    if _gpu.refused(_map, name, probe):
+        return "argument"
+    if sp_input.dtype.kind == "c" and name in ("sign", *_ANALYTIC):
+        return "dtype"
+    return None if _gpu.native(sp_input) else "dtype"
+
+
+@REGISTRY.gpu("map_values", supports=_map_values_on_gpu)
+@_gpu.quiet
+def map_values_gpu(be, sp_input: SparseTensor, fn: str) -> SparseTensor:
+    xp = be.xp
+    name = _ALIASES.get(fn.lower(), fn.lower())
+    values = sp_input.values
+    kind = values.dtype.kind
+    identity = (kind == "b" and name in ("abs", "sign", "square", "conj", *_ROUNDING)) or \
+        (kind in "iu" and name in _ROUNDING)
+    if identity:
+        return _gpu.same_structure(sp_input, values.copy())
+    if kind in "iu" and (name in _ANALYTIC or name in _ANGLE):
+        values = values.astype(xp.float64)
+    out = getattr(xp, _GPU_MAP[name])(values)
+    if name == "sign" and kind == "f":
+        out = xp.where(xp.isnan(values), values, out)  # numpy's sign(nan) is nan; some CuPy versions give 0
+    return _gpu.same_structure(sp_input, out)

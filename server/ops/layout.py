@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.errors import InvalidArgumentError
+from sparseserve.kernels import arrays as ka
 
 from ..argtypes import AXES, OPTIONAL_INT, SPARSE, STRING
 from ..registry import REGISTRY, Arg, Output
+from . import _gpu
 from ._layouts import SPARSE_LAYOUTS, BatchNseError, convert_layout
 
 
@@ -130,3 +132,65 @@ def convert(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim: int 
         return convert_layout(sp_input, layout, blocksize, dense_dim)
     except BatchNseError as exc:
         raise InvalidArgumentError(f"sp_input: {exc}", reason="BATCH_NSE_MISMATCH") from None
+
+
+# ------------------------------------------------------------------ convert on the GPU
+# COO, CSR and CSC matrices (2-D, no batch or dense dimensions; a COO -> COO of any shape is a
+# coalesce) with the dense dimensions kept, every dtype: stable sorts and gathers, no cuSPARSE
+# (its conversions take five dtypes and leave the order of repeated entries unspecified).
+# Block layouts, batches, dense_dim changes and refused arguments run on the CPU.
+def _convert_on_gpu(sp_input, layout, blocksize=None, dense_dim=None, **_) -> str | None:
+    if _gpu.refused(_plan, sp_input, layout, blocksize, dense_dim):
+        return "argument"
+    if not _gpu.native(sp_input):
+        return "dtype"
+    layout, blocksize, dense_dim = _plan(sp_input, layout, blocksize, dense_dim)
+    if dense_dim != sp_input.dense_ndim:
+        return "dense_dim"
+    if layout == sp_input.layout != "coo" and (blocksize is None or tuple(sp_input.blocksize) == blocksize):
+        return None  # the input itself, whatever its batches and blocks
+    if layout in BLOCK_LAYOUTS:
+        return "layout"
+    if sp_input.layout == "coo" and layout == "coo":
+        return None
+    return _gpu.plain_matrix(sp_input)
+
+
+def _coo_to_csr_gpu(be, t: SparseTensor):
+    """(ptr, plain, values) int64 of a 2-D COO: coalesced first (the CPU's ``_to_csr``)."""
+    xp = be.xp
+    indices, values = ka.coalesce(xp, t.indices, t.values, t.dense_shape, be.scatter_add)
+    return ka.compress(xp, indices[:, 0], t.dense_shape[0]), xp.ascontiguousarray(indices[:, 1]), values
+
+
+def _transposed_gpu(be, layout: str, shape, ptr, plain, values):
+    """CSR <-> CSC of the same matrix (index dtypes kept)."""
+    n_plain = shape[1] if layout == "csr" else shape[0]
+    ptr_t, plain_t, perm = ka.transpose_compressed(be.xp, ptr, plain, n_plain)
+    return _gpu.compressed("csc" if layout == "csr" else "csr", shape, ptr_t, plain_t, values[perm])
+
+
+@REGISTRY.gpu("convert", supports=_convert_on_gpu)
+@_gpu.quiet
+def convert_gpu(be, sp_input: SparseTensor, layout: str, blocksize=None, dense_dim=None) -> SparseTensor:
+    xp = be.xp
+    t, shape = sp_input, sp_input.dense_shape
+    if t.layout == "coo":
+        if layout == "coo":
+            indices, values = ka.coalesce(xp, t.indices, t.values, shape, be.scatter_add)
+            return _gpu.coo(shape, indices, values, coalesced=True)
+        ptr, plain, values = _coo_to_csr_gpu(be, t)
+        return _gpu.compressed("csr", shape, ptr, plain, values) if layout == "csr" else \
+            _transposed_gpu(be, "csr", shape, ptr, plain, values)
+    if layout == t.layout:
+        return t
+    if layout != "coo":
+        return _transposed_gpu(be, t.layout, shape, t.compressed_indices, t.plain_indices, t.values)
+    ptr, plain, values = t.compressed_indices, t.plain_indices, t.values
+    if t.layout == "csc":  # row-major first, as the CPU's ``_sorted_coo``
+        ptr, plain, perm = ka.transpose_compressed(xp, ptr, plain, shape[0])
+        values = values[perm]
+    rows = ka.expand_pointers(xp, ptr, int(plain.shape[0]))
+    cols = plain.astype(xp.int64)
+    unique = ka.segments_strictly_increase(xp, rows, cols)
+    return _gpu.coo(shape, xp.stack([rows, cols], axis=1), values, coalesced=unique)

@@ -18,11 +18,13 @@ import numpy as np
 
 from sparseserve._tensor import SparseTensor
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import compressed as ck
 from sparseserve.kernels import linalg as lk
 
 from ..argtypes import BOOL, SCALAR, TENSOR
 from ..registry import REGISTRY, Arg, Output
+from . import _gpu
 from ._common import cast_scalar
 from ._layouts import as_coo, as_csr
 
@@ -334,6 +336,114 @@ def matmul(a, b, adjoint_a: bool = False, adjoint_b: bool = False):
     if a_sparse:
         return _sparse_times_dense(a, b, adjoint_a, adjoint_b)
     return _dense_times_sparse(a, b, adjoint_a, adjoint_b)
+
+
+# ------------------------------------------------------------------ matmul on the GPU
+# SpMV/SpMM and SpGEMM through the backend's sparse matrices (cuSPARSE on a GPU host), for 2-D
+# COO/CSR/CSC operands in the dtypes cuSPARSE multiplies. Batched, hybrid and block operands,
+# other dtypes and sizes past int32 indices (CuPy's sparse matrices) run on the CPU kernel, as
+# does every call it would refuse (so it raises its usual error).
+def _matmul_on_gpu(a, b, adjoint_a=False, adjoint_b=False, **_) -> str | None:
+    a_sparse, b_sparse = _gpu.is_sparse(a), _gpu.is_sparse(b)
+    if not a_sparse and not b_sparse:
+        return "argument"
+    if a.dtype != b.dtype or a.dtype.name not in _gpu.CUSPARSE_DTYPES or not _gpu.native(a, b):
+        return "dtype"
+    for t in (a, b):
+        if _gpu.is_sparse(t):
+            reason = _gpu.plain_matrix(t)
+            if reason is not None:
+                return reason
+            if max(t.dense_shape) > _gpu.INT32_MAX or t.nnz > _gpu.INT32_MAX:
+                return "size"
+        elif any(d > _gpu.INT32_MAX for d in t.shape):
+            return "size"
+    if a_sparse and b_sparse:
+        q = a.dense_shape[0] if adjoint_a else a.dense_shape[1]
+        q2 = b.dense_shape[1] if adjoint_b else b.dense_shape[0]
+        return None if q == q2 else "shape"
+    if a_sparse:
+        m, n = a.dense_shape
+        bad = _gpu.refused(_check_dense_operand, b, "b", m if adjoint_a else n, (), "a", a.dense_shape,
+                           adjoint_b, "")
+    else:
+        m, n = b.dense_shape
+        x_adjoint = adjoint_a if a.ndim == 1 else not adjoint_a
+        bad = _gpu.refused(_check_dense_operand, a, "a", n if adjoint_b else m, (), "b", b.dense_shape,
+                           x_adjoint, "")
+    return "shape" if bad else None
+
+
+def _gpu_conj(xp, x):
+    return xp.conj(x) if x.dtype.kind == "c" else x
+
+
+def _gpu_matrix(be, t: SparseTensor, conj: bool):
+    """t (2-D COO/CSR/CSC on the device) as a matrix of ``be.sparse``, values conjugated with ``conj``."""
+    values = _gpu_conj(be.xp, t.values) if conj else t.values
+    if t.layout == "coo":
+        return ka.matrix(be.xp, be.sparse, "coo", t.dense_shape, values, indices=t.indices)
+    return ka.matrix(be.xp, be.sparse, t.layout, t.dense_shape, values, ptr=t.compressed_indices,
+                     plain=t.plain_indices)
+
+
+def _gpu_entries(be, t: SparseTensor, adjoint: bool):
+    """(rows, cols, values) of op(t)."""
+    rows, cols, values = _gpu.coo_entries(be.xp, t)
+    return (cols, rows, _gpu_conj(be.xp, values)) if adjoint else (rows, cols, values)
+
+
+def _gpu_index_dtype(t: SparseTensor) -> np.dtype:
+    """The index dtype the CPU kernel multiplies ``t`` in (its plain indices', int64 from COO)."""
+    return np.dtype(np.int64) if t.layout == "coo" else np.dtype(t.plain_indices.dtype)
+
+
+def _spgemm_gpu(be, a: SparseTensor, b: SparseTensor, adjoint_a: bool, adjoint_b: bool):
+    xp = be.xp
+    p, q = _op_dims(a.dense_shape, adjoint_a)
+    r = _op_dims(b.dense_shape, adjoint_b)[1]
+    if a.nnz == 0 or b.nnz == 0 or p == 0 or r == 0:
+        ptr = xp.zeros(p + 1, dtype=xp.int64)
+        cols, values = xp.zeros(0, dtype=xp.int64), xp.zeros(0, dtype=a.dtype)
+    else:
+        ptr, cols, values = ka.spgemm(xp, be.sparse, _gpu_entries(be, a, adjoint_a), _gpu_entries(be, b, adjoint_b),
+                                      p, q, r, a.dtype, be.scatter_add)
+    nnz = int(cols.shape[0])
+    if a.layout == "csr":
+        index = np.result_type(_gpu_index_dtype(a), _gpu_index_dtype(b))
+        if index == np.int32 and max(nnz, r) > INT32_MAX:
+            index = np.dtype(np.int64)
+        return _gpu.compressed("csr", (p, r), ptr.astype(index), cols.astype(index), values, coalesced=True)
+    rows = ka.expand_pointers(xp, ptr, nnz)
+    return _gpu.coo((p, r), xp.stack([rows, cols], axis=1), values, coalesced=True)
+
+
+@REGISTRY.gpu("matmul", supports=_matmul_on_gpu)
+@_gpu.quiet
+def matmul_gpu(be, a, b, adjoint_a: bool = False, adjoint_b: bool = False):
+    xp = be.xp
+    if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
+        return _spgemm_gpu(be, a, b, adjoint_a, adjoint_b)
+    if isinstance(a, SparseTensor):  # op(a) @ op(b)
+        x = _gpu_conj(xp, xp.swapaxes(b, -1, -2)) if adjoint_b else b
+        rows = _op_dims(a.dense_shape, adjoint_a)[0]
+        out_shape = (rows,) if x.ndim == 1 else (rows, int(x.shape[1]))
+        if a.nnz == 0 or _prod(out_shape) == 0:
+            return xp.zeros(out_shape, dtype=a.dtype)
+        mat = _gpu_matrix(be, a, conj=adjoint_a)
+        return ka.spmm(xp, mat.T if adjoint_a else mat, x)
+    # op(a) @ op(b) = (op(b)^T @ op(a)^T)^T; op(b)^T is b^T, or conj(b) with adjoint_b.
+    cols = _op_dims(b.dense_shape, adjoint_b)[1]
+    if a.ndim == 1:  # a row vector
+        x, out_shape = a, (cols,)
+    else:
+        x = _gpu_conj(xp, a) if adjoint_a else xp.swapaxes(a, -1, -2)
+        out_shape = (int(x.shape[1]), cols)
+    if b.nnz == 0 or _prod(out_shape) == 0:
+        return xp.zeros(out_shape, dtype=b.dtype)
+    mat = _gpu_matrix(be, b, conj=adjoint_b)
+    y = ka.spmm(xp, mat if adjoint_b else mat.T, x)
+    return y if a.ndim == 1 else xp.ascontiguousarray(y.T)
 
 
 # ------------------------------------------------------------------ sampled_addmm

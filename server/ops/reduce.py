@@ -9,10 +9,12 @@ import numpy as np
 from sparseserve._tensor import SparseTensor
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
 from sparseserve import kernels
+from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import reduce as rk
 
 from ..argtypes import AXES, BOOL, INT, SPARSE
 from ..registry import REGISTRY, Arg, Output
+from . import _gpu
 from ._layouts import SPARSE_LAYOUTS, as_coo, as_csr
 
 
@@ -186,6 +188,98 @@ bool and complex are UNIMPLEMENTED. Inputs of any sparse layout are read as COO.
 )
 def reduce_max(sp_input: SparseTensor, axis=None, keepdims: bool = False, output_is_sparse: bool = False):
     return _reduce(rk.MAX, sp_input, axis, keepdims, output_is_sparse)
+
+
+# ------------------------------------------------------------------ reduce_sum / reduce_max on the GPU
+# COO of any rank (hybrid too) and 2-D CSR/CSC, dense or sparse output, every dtype the op takes:
+# sums scatter into the work dtype (``arrays.scatter_sum``/``segment_sum``), maxima come from a
+# sort by (output key, value) (``arrays.group_max``). Block and batched compressed tensors run on
+# the CPU, as do the calls it refuses.
+def _reduce_on_gpu(op: str, sp_input, axis=None, keepdims=False, output_is_sparse=False) -> str | None:
+    if _gpu.refused(_check_reduce_dtype, op, sp_input.dtype):
+        return "dtype"
+    if _gpu.refused(_reduction_axes, axis, len(sp_input.dense_shape)):
+        return "argument"
+    if output_is_sparse and not _out_shape(sp_input.dense_shape, _reduction_axes(axis, sp_input.ndim), keepdims):
+        return "argument"
+    if not _gpu.native(sp_input):
+        return "dtype"
+    return None if sp_input.layout == "coo" else _gpu.plain_matrix(sp_input)
+
+
+def _reduce_gpu(be, op: str, sp_input: SparseTensor, axis, keepdims: bool, output_is_sparse: bool):
+    xp = be.xp
+    t = sp_input
+    if t.layout == "coo":
+        indices, values = t.indices, t.values
+    else:
+        rows, cols, values = _gpu.coo_entries(xp, t)
+        indices = xp.stack([rows, cols], axis=1)
+    sparse_ndim = int(indices.shape[1])
+    plan = _ReducePlan(tuple(t.dense_shape), sparse_ndim, _reduction_axes(axis, t.ndim), keepdims)
+    work = rk.work_dtype(op, t.dtype)
+    # Each entry's values over the reduced dense axes (the CPU's _entry_values).
+    inner = int(np.prod(plan.out_dense_shape, dtype=np.int64))
+    reduced_size = int(np.prod([values.shape[a] for a in plan.reduced_dense], dtype=np.int64))
+    if reduced_size == 0:
+        values2d = xp.zeros((0, inner), dtype=work)
+    else:
+        values2d = values.astype(work)
+        if plan.reduced_dense:
+            values2d = xp.sum(values2d, axis=plan.reduced_dense, dtype=work) if op == rk.SUM else \
+                xp.max(values2d, axis=plan.reduced_dense)
+        values2d = xp.ascontiguousarray(values2d).reshape(int(indices.shape[0]), inner)
+    n = int(values2d.shape[0])
+    kept = plan.kept_sparse
+    kept_indices = indices[:n][:, kept] if kept else xp.zeros((n, 0), dtype=xp.int64)
+    kept_shape = [plan.shape[d] for d in kept]
+    keys = ka.linearize(xp, kept_indices, kept_shape)
+    if not output_is_sparse:
+        n_rows = int(np.prod(kept_shape, dtype=np.int64))
+        if op == rk.SUM:
+            out = xp.zeros((n_rows, inner), dtype=work)
+            ka.scatter_sum(xp, out, keys, values2d, be.scatter_add)
+        else:
+            out = ka.group_max(xp, keys, values2d, n_rows)
+        return out.astype(t.dtype).reshape(plan.out_shape)
+    perm = ka.argsort_stable(xp, keys)
+    first, group, n_groups = ka.runs(xp, keys[perm])
+    sorted_values = values2d[perm]
+    if op == rk.SUM:
+        reduced = ka.segment_sum(xp, sorted_values, first, group, n_groups, be.scatter_add)
+    else:
+        reduced = ka.group_max(xp, group, sorted_values, n_groups)
+    coords = kept_indices[perm][first]
+    return _sparse_result_gpu(xp, plan, coords, reduced.astype(t.dtype))
+
+
+def _sparse_result_gpu(xp, plan: _ReducePlan, coords, values2d):
+    """The CPU's _sparse_result over device arrays."""
+    groups = int(coords.shape[0])
+    dense_shape = plan.out_dense_shape
+    if plan.keepdims:
+        indices = xp.zeros((groups, plan.sparse_ndim), dtype=xp.int64)
+        if plan.kept_sparse:
+            indices[:, plan.kept_sparse] = coords
+    elif coords.shape[1]:
+        indices = xp.ascontiguousarray(coords)
+    else:
+        n0, dense_shape = dense_shape[0], dense_shape[1:]
+        indices = xp.arange(n0 if groups else 0, dtype=xp.int64)[:, None]
+    values = values2d.reshape(int(indices.shape[0]), *dense_shape)
+    return _gpu.coo(plan.out_shape, indices, values, coalesced=True)
+
+
+@REGISTRY.gpu("reduce_sum", supports=lambda **bound: _reduce_on_gpu(rk.SUM, **bound))
+@_gpu.quiet
+def reduce_sum_gpu(be, sp_input, axis=None, keepdims: bool = False, output_is_sparse: bool = False):
+    return _reduce_gpu(be, rk.SUM, sp_input, axis, keepdims, output_is_sparse)
+
+
+@REGISTRY.gpu("reduce_max", supports=lambda **bound: _reduce_on_gpu(rk.MAX, **bound))
+@_gpu.quiet
+def reduce_max_gpu(be, sp_input, axis=None, keepdims: bool = False, output_is_sparse: bool = False):
+    return _reduce_gpu(be, rk.MAX, sp_input, axis, keepdims, output_is_sparse)
 
 
 # ------------------------------------------------------------------ softmax

@@ -28,11 +28,13 @@ from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve._validate import INT64_MAX, check_shape
 from sparseserve.errors import InvalidArgumentError
 from sparseserve import kernels
+from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import shape as shk
 from sparseserve.kernels._sort import gather_rows
 
 from ..argtypes import INT_LIST, SPARSE
 from ..registry import REGISTRY, Arg, Output
+from . import _gpu
 from ._layouts import SPARSE_LAYOUTS, as_coo
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (any sparse layout).", layouts=SPARSE_LAYOUTS)
@@ -177,6 +179,53 @@ def transpose(sp_input: SparseTensor, perm: list[int] | None = None) -> SparseTe
     indices, values = shk.transpose(t.indices, values, plan.perm[:s], plan.out_shape)
     return SparseTensor(indices=indices, values=values, dense_shape=plan.out_shape,
                         coalesced=sp_input.layout == "coo" and sp_input.coalesced)
+
+
+# COO (any rank, hybrid too, every dtype): the index columns permuted and the entries re-sorted
+# by a stable sort; compressed tensors whose batch dimensions stay in place: the CPU's relabelling
+# (no index moves), value axes permuted on the device. Other compressed cases (a batch dimension
+# moves) run on the CPU.
+def _transpose_on_gpu(sp_input, perm=None, **_) -> str | None:
+    if _gpu.refused(_transpose_plan, sp_input, perm):
+        return "argument"
+    if not _gpu.native(sp_input):
+        return "dtype"
+    if sp_input.layout != "coo" and _swaps_layout(sp_input, _transpose_plan(sp_input, perm)) is None:
+        return "batched"
+    return None
+
+
+def _permute_value_axes_gpu(xp, values, lead: int, dense_perm, swap_block: bool):
+    axes = list(range(lead))
+    if swap_block:
+        axes[-2], axes[-1] = axes[-1], axes[-2]
+    axes += [lead + p for p in dense_perm]
+    if axes == list(range(values.ndim)):
+        return values
+    return xp.ascontiguousarray(xp.transpose(values, axes))
+
+
+@REGISTRY.gpu("transpose", supports=_transpose_on_gpu)
+@_gpu.quiet
+def transpose_gpu(be, sp_input: SparseTensor, perm: list[int] | None = None) -> SparseTensor:
+    xp = be.xp
+    plan = _transpose_plan(sp_input, perm)
+    s = plan.sparse_ndim
+    dense_perm = [p - s for p in plan.perm[s:]]
+    layout = _swaps_layout(sp_input, plan)
+    if layout is not None:  # the CPU's _transpose_compressed over device arrays
+        t = sp_input
+        blocked = t.layout in BLOCK_LAYOUTS
+        swap = layout != t.layout
+        values = _permute_value_axes_gpu(xp, t.values, t.batch_ndim + 1 + (2 if blocked else 0), dense_perm,
+                                         swap and blocked)
+        blocksize = (tuple(reversed(t.blocksize)) if swap else t.blocksize) if blocked else None
+        return _gpu.compressed(layout, plan.out_shape, t.compressed_indices, t.plain_indices, values,
+                               coalesced=t.coalesced, blocksize=blocksize)
+    values = _permute_value_axes_gpu(xp, sp_input.values, 1, dense_perm, False)
+    indices = xp.ascontiguousarray(sp_input.indices[:, list(plan.perm[:s])])
+    indices, values = ka.reorder(xp, indices, values, plan.out_shape[:s])
+    return _gpu.coo(plan.out_shape, indices, values, coalesced=sp_input.coalesced)
 
 
 # ---------------------------------------------------------------------- reshape

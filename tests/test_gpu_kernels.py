@@ -1,0 +1,591 @@
+"""The ops' GPU kernels held to their CPU kernels' answers.
+
+Every call is bound with the op's real ``bind`` and run twice: through the GPU backend's
+dispatch (``ArrayBackend.run``) and on the CPU kernel. The results must agree exactly in
+structure (layout, shape, index arrays and dtypes, entry order, explicit zeros, the coalesced
+flag) and in values: exactly for integers and bools, to a tight tolerance for floats (sums of
+repeated entries run in another order on the device). Calls the GPU kernels support must not
+fall back (so the device path really ran); the others must fall back with the expected reason
+and still give the CPU's answer or raise the CPU's error.
+
+The backend is numpy + scipy.sparse standing in for CuPy + cupyx.scipy.sparse, so every GPU
+code path runs here; with CuPy and a GPU present the same tests run on the device too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sparseserve import SparseTensor
+from sparseserve.errors import SparseServeError
+from sparseserve.server.device import ArrayBackend, DeviceTensor, GpuUnavailable
+from sparseserve.server.ops import REGISTRY
+
+ALL_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+              "float16", "float32", "float64", "complex64", "complex128")
+CUSPARSE = ("float32", "float64", "complex64", "complex128")
+
+
+# ------------------------------------------------------------------ backends
+@pytest.fixture(params=["numpy-stand-in", "cupy"], scope="module")
+def be(request) -> ArrayBackend:
+    if request.param == "numpy-stand-in":
+        return ArrayBackend.numpy_stand_in()
+    try:
+        return ArrayBackend.cupy()
+    except GpuUnavailable as exc:
+        pytest.skip(f"no CuPy GPU backend here: {exc}")
+
+
+# ------------------------------------------------------------------ inputs
+def values_of(rng, shape, dtype) -> np.ndarray:
+    """Small integers (halves for floats): exact in every dtype, so most sums are exact too."""
+    dtype = np.dtype(dtype)
+    shape = tuple(shape)
+    if dtype == np.bool_:
+        return np.asarray(rng.random(shape) < 0.6)
+    if dtype.kind == "u":
+        return np.asarray(rng.integers(0, 9, shape), dtype)
+    if dtype.kind == "i":
+        return np.asarray(rng.integers(-8, 9, shape), dtype)
+    out = rng.integers(-8, 9, shape) / 2
+    if dtype.kind == "c":
+        out = out + 1j * (rng.integers(-8, 9, shape) / 2)
+    return np.asarray(out, dtype)
+
+
+def coo(rng, shape, nnz, dtype="float64", sparse_ndim=None, *, unique=False, ordered=False) -> SparseTensor:
+    """COO in random order with repeated indices (``unique``/``ordered`` to avoid that)."""
+    s = len(shape) if sparse_ndim is None else sparse_ndim
+    lead = shape[:s]
+    if math.prod(lead) == 0:
+        nnz = 0
+    if unique:
+        nnz = min(nnz, math.prod(lead))
+        keys = rng.choice(math.prod(lead), nnz, replace=False) if nnz else np.zeros(0, np.int64)
+    else:
+        keys = rng.integers(0, max(math.prod(lead), 1), nnz)
+    if ordered:
+        keys = np.sort(keys)
+    indices = np.stack(np.unravel_index(keys, lead), axis=1) if nnz else np.zeros((0, s), np.int64)
+    return SparseTensor(indices=indices, values=values_of(rng, (nnz, *shape[s:]), dtype), dense_shape=shape)
+
+
+def compressed(rng, layout, shape, dtype="float64", index="int64", *, messy=True) -> SparseTensor:
+    """A 2-D CSR/CSC; ``messy``: plain indices unsorted and repeated within segments."""
+    n_c, n_p = (shape[0], shape[1]) if layout == "csr" else (shape[1], shape[0])
+    counts = rng.integers(0, min(n_p, 3) + 1, n_c) if n_p else np.zeros(n_c, np.int64)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(index)
+    if messy:
+        plain = rng.integers(0, max(n_p, 1), int(ptr[-1]))
+    else:
+        plain = np.concatenate([np.sort(rng.choice(n_p, c, replace=False)) for c in counts]) if n_c else []
+    return SparseTensor(layout=layout, compressed_indices=ptr, plain_indices=np.asarray(plain, index),
+                        values=values_of(rng, (int(ptr[-1]),), dtype), dense_shape=shape)
+
+
+def cpu(op: str, **args):
+    out = REGISTRY.get(op).run("cpu", REGISTRY.get(op).bind(args))
+    return out[0]
+
+
+def as_layout(t: SparseTensor, layout: str, **kw) -> SparseTensor:
+    return cpu("convert", sp_input=t, layout=layout, **kw)
+
+
+# ------------------------------------------------------------------ comparison
+def tolerance(dtype: np.dtype) -> float:
+    dtype = np.dtype(dtype)
+    width = dtype.itemsize // (2 if dtype.kind == "c" else 1)
+    return {2: 4e-3, 4: 2e-5, 8: 1e-12}[width]
+
+
+def assert_values(got: np.ndarray, want: np.ndarray, what: str):
+    assert type(got) is np.ndarray or isinstance(got, np.ndarray), what
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    else:
+        tol = tolerance(want.dtype)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True, err_msg=what)
+
+
+def assert_same(got, want):
+    if isinstance(want, SparseTensor):
+        assert isinstance(got, SparseTensor), f"got {type(got).__name__}, want a sparse tensor"
+        assert got.layout == want.layout
+        assert tuple(got.dense_shape) == tuple(want.dense_shape)
+        assert got.coalesced == want.coalesced, "the coalesced flag"
+        assert (got.blocksize is None) == (want.blocksize is None)
+        if want.blocksize is not None:
+            assert tuple(got.blocksize) == tuple(want.blocksize)
+        names = ("indices",) if want.layout == "coo" else ("compressed_indices", "plain_indices")
+        for name in names:
+            g, w = getattr(got, name), getattr(want, name)
+            assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != {w.dtype}"
+            np.testing.assert_array_equal(g, w, err_msg=name)
+        assert_values(np.asarray(got.values), want.values, "values")
+    else:
+        assert_values(np.asarray(got), np.asarray(want), "dense result")
+
+
+class Calls:
+    """Runs ops through the GPU backend and the CPU kernel and compares them, recording fallbacks."""
+
+    def __init__(self, be: ArrayBackend):
+        self.be = be
+        self.fallbacks: list[tuple[str, str]] = []
+        be.on_fallback = lambda op, reason: self.fallbacks.append((op, reason))
+
+    def both(self, name: str, **args):
+        """(gpu outputs on the host, cpu outputs) or the error each raised."""
+        op = REGISTRY.get(name)
+        bound = op.bind(args)
+        try:
+            want = op.run("cpu", bound)
+        except SparseServeError as exc:
+            want = exc
+        try:
+            got = self.be.run(op, bound)
+        except SparseServeError as exc:
+            return exc, want
+        for out in got if not self.fallbacks else ():  # what the device path returns lives on the device
+            if isinstance(out, SparseTensor):
+                assert type(out) is DeviceTensor
+                assert isinstance(out.values, self.be.xp.ndarray)
+            else:
+                assert isinstance(out, self.be.xp.ndarray)
+        return tuple(self.be.to_host(out) for out in got), want
+
+    def same(self, name: str, **args):
+        """The GPU path runs (no fallback) and gives the CPU's answer."""
+        self.fallbacks.clear()
+        got, want = self.both(name, **args)
+        assert not self.fallbacks, f"{name} fell back: {self.fallbacks}"
+        assert not isinstance(want, Exception), f"the CPU kernel raised {want!r}"
+        assert not isinstance(got, Exception), f"the GPU kernel raised {got!r}"
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+        return got[0]
+
+    def falls_back(self, name: str, reason: str, **args):
+        """The call falls back with ``reason`` and gives the CPU's answer (or its error)."""
+        self.fallbacks.clear()
+        got, want = self.both(name, **args)
+        assert self.fallbacks == [(name, reason)], self.fallbacks
+        if isinstance(want, Exception):
+            assert type(got) is type(want) and got.reason == want.reason, (got, want)
+        else:
+            for g, w in zip(got, want, strict=True):
+                assert_same(g, w)
+        return got
+
+
+@pytest.fixture
+def calls(be) -> Calls:
+    return Calls(be)
+
+
+SHAPES_2D = [(5, 4), (1, 1), (0, 3), (3, 0), (6, 7)]
+
+
+def matrices(rng, shape, dtype):
+    """The same kind of matrix in every 2-D layout the GPU multiplies, messy and clean."""
+    yield coo(rng, shape, 2 * max(shape), dtype)
+    yield coo(rng, shape, 0, dtype)
+    for layout in ("csr", "csc"):
+        for index in ("int32", "int64"):
+            yield compressed(rng, layout, shape, dtype, index, messy=index == "int64")
+
+
+# ------------------------------------------------------------------ matmul
+@pytest.mark.parametrize("dtype", CUSPARSE)
+def test_matmul_sparse_times_dense(calls, dtype):
+    rng = np.random.default_rng(1)
+    for shape in SHAPES_2D:
+        for a in matrices(rng, shape, dtype):
+            for adjoint_a in (False, True):
+                inner = shape[0] if adjoint_a else shape[1]
+                calls.same("matmul", a=a, b=values_of(rng, (inner,), dtype), adjoint_a=adjoint_a)
+                for adjoint_b in (False, True):
+                    b = values_of(rng, (3, inner) if adjoint_b else (inner, 3), dtype)
+                    calls.same("matmul", a=a, b=b, adjoint_a=adjoint_a, adjoint_b=adjoint_b)
+                calls.same("matmul", a=a, b=values_of(rng, (inner, 0), dtype), adjoint_a=adjoint_a)
+
+
+@pytest.mark.parametrize("dtype", CUSPARSE)
+def test_matmul_dense_times_sparse(calls, dtype):
+    rng = np.random.default_rng(2)
+    for shape in SHAPES_2D:
+        for b in matrices(rng, shape, dtype):
+            for adjoint_b in (False, True):
+                inner = shape[1] if adjoint_b else shape[0]
+                calls.same("matmul", a=values_of(rng, (inner,), dtype), b=b, adjoint_b=adjoint_b)
+                for adjoint_a in (False, True):
+                    a = values_of(rng, (inner, 3) if adjoint_a else (3, inner), dtype)
+                    calls.same("matmul", a=a, b=b, adjoint_a=adjoint_a, adjoint_b=adjoint_b)
+
+
+def test_matmul_worked_examples(calls):
+    a = SparseTensor(layout="csr", compressed_indices=[0, 2, 2, 3], plain_indices=[0, 2, 1],
+                     values=[1.0, 2.0, 3.0], dense_shape=[3, 3])
+    assert calls.same("matmul", a=a, b=np.array([1.0, 10.0, 100.0])).tolist() == [201.0, 0.0, 30.0]
+    assert calls.same("matmul", a=np.array([1.0, 10.0, 100.0]), b=a).tolist() == [1.0, 300.0, 2.0]
+    z = SparseTensor(indices=[[0, 1]], values=np.array([1 + 2j]), dense_shape=[2, 2])
+    assert calls.same("matmul", a=z, b=np.array([1 + 0j, 1 + 0j]), adjoint_a=True).tolist() == [0, 1 - 2j]
+    assert calls.same("matmul", a=np.array([[1j], [0]]), b=z, adjoint_a=True).tolist() == [[0, 2 - 1j]]
+
+
+@pytest.mark.parametrize("dtype", CUSPARSE)
+def test_spgemm_every_layout_pair_and_adjoint(calls, dtype):
+    rng = np.random.default_rng(3)
+    for m, q, r in [(4, 5, 3), (1, 1, 1), (0, 3, 2), (3, 0, 2), (3, 2, 0), (6, 6, 6)]:
+        for adjoint_a in (False, True):
+            for adjoint_b in (False, True):
+                sa = (q, m) if adjoint_a else (m, q)
+                sb = (r, q) if adjoint_b else (q, r)
+                lefts = [coo(rng, sa, 2 * max(sa), dtype), compressed(rng, "csr", sa, dtype, "int32"),
+                         compressed(rng, "csr", sa, dtype, "int64", messy=False), compressed(rng, "csc", sa, dtype)]
+                rights = [coo(rng, sb, 2 * max(sb), dtype), compressed(rng, "csr", sb, dtype, "int32"),
+                          compressed(rng, "csc", sb, dtype, "int32", messy=False)]
+                for a in lefts:
+                    for b in rights:
+                        calls.same("matmul", a=a, b=b, adjoint_a=adjoint_a, adjoint_b=adjoint_b)
+
+
+def test_spgemm_keeps_zeros_from_cancellation_and_stored_zeros(calls):
+    a = SparseTensor(layout="csr", compressed_indices=[0, 2], plain_indices=[0, 1], values=[1.0, 1.0],
+                     dense_shape=[1, 2])
+    b = SparseTensor(layout="csr", compressed_indices=[0, 2, 4], plain_indices=[2, 3, 0, 2],
+                     values=[2.0, 1.0, 7.0, -2.0], dense_shape=[2, 4])
+    out = calls.same("matmul", a=a, b=b)
+    assert out.plain_indices.tolist() == [0, 2, 3] and out.values.tolist() == [7.0, 0.0, 1.0]
+    zeros = SparseTensor(indices=[[0, 0], [1, 1], [0, 0]], values=[0.0, 0.0, 3.0], dense_shape=[2, 2])
+    out = calls.same("matmul", a=zeros, b=zeros)  # stored zeros (and 0 * 3) stay stored
+    assert out.indices.tolist() == [[0, 0], [1, 1]]
+    big = coo(np.random.default_rng(4), (40, 40), 400, "float64")
+    calls.same("matmul", a=big, b=as_layout(big, "csr"))
+    calls.same("matmul", a=as_layout(big, "csr"), b=big, adjoint_b=True)
+
+
+def test_matmul_falls_back_for_what_the_gpu_cannot_do(calls):
+    rng = np.random.default_rng(5)
+    a = coo(rng, (4, 4), 8, "int64")
+    calls.falls_back("matmul", "dtype", a=a, b=values_of(rng, (4,), "int64"))
+    calls.falls_back("matmul", "dtype", a=coo(rng, (4, 4), 8, "float16"), b=values_of(rng, (4, 2), "float16"))
+    calls.falls_back("matmul", "dtype", a=coo(rng, (4, 4), 8, "bool"), b=values_of(rng, (4,), "bool"))  # an error
+    calls.falls_back("matmul", "dtype", a=coo(rng, (4, 4), 8, "float32"), b=values_of(rng, (4,), "float64"))
+    f = coo(rng, (4, 4), 8, "float64")
+    calls.falls_back("matmul", "layout", a=as_layout(f, "bsr", blocksize=[2, 2]), b=values_of(rng, (4, 3), "float64"))
+    calls.falls_back("matmul", "layout", a=values_of(rng, (4,), "float64"), b=as_layout(f, "bsc", blocksize=[2, 2]))
+    batched = coo(rng, (2, 4, 4), 10, "float64", unique=True)
+    calls.falls_back("matmul", "batched", a=batched, b=values_of(rng, (2, 4, 3), "float64"))
+    hybrid = coo(rng, (4, 4, 2), 5, "float64", sparse_ndim=2)
+    calls.falls_back("matmul", "hybrid", a=hybrid, b=values_of(rng, (4, 3), "float64"))  # an error
+    calls.falls_back("matmul", "shape", a=f, b=values_of(rng, (5,), "float64"))  # an error
+    calls.falls_back("matmul", "shape", a=f, b=coo(rng, (3, 2), 2, "float64"))  # an error
+    calls.falls_back("matmul", "shape", a=values_of(rng, (4,), "float64"), b=f, adjoint_a=True)  # an error
+    calls.falls_back("matmul", "argument", a=values_of(rng, (4, 4), "float64"), b=values_of(rng, (4, 4), "float64"))
+
+
+# ------------------------------------------------------------------ convert
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_convert_between_coo_csr_csc(calls, dtype):
+    rng = np.random.default_rng(6)
+    for shape in SHAPES_2D:
+        sources = [coo(rng, shape, 3 * max(shape), dtype), coo(rng, shape, 6, dtype, unique=True, ordered=True),
+                   compressed(rng, "csr", shape, dtype, "int32"), compressed(rng, "csr", shape, dtype, messy=False),
+                   compressed(rng, "csc", shape, dtype, "int32", messy=False), compressed(rng, "csc", shape, dtype)]
+        for t in sources:
+            for layout in ("coo", "csr", "csc"):
+                calls.same("convert", sp_input=t, layout=layout)
+                if t.layout != "coo":
+                    calls.same("convert", sp_input=t, layout=layout, dense_dim=0)
+
+
+def test_convert_coo_to_coo_of_any_shape_is_a_coalesce(calls):
+    rng = np.random.default_rng(7)
+    for shape, s in [((3, 4, 5), 3), ((3, 4, 2), 2), ((7,), 1), ((0, 4), 2)]:
+        calls.same("convert", sp_input=coo(rng, shape, 20, "float32", s), layout="coo")
+
+
+def test_convert_falls_back_for_blocks_batches_and_dense_dims(calls):
+    rng = np.random.default_rng(8)
+    f = coo(rng, (4, 6), 10, "float64")
+    calls.falls_back("convert", "layout", sp_input=f, layout="bsr", blocksize=[2, 3])
+    bsc = as_layout(f, "bsc", blocksize=[2, 2])
+    calls.falls_back("convert", "layout", sp_input=bsc, layout="csr")
+    calls.falls_back("convert", "layout", sp_input=bsc, layout="bsc", blocksize=[1, 1])
+    assert calls.same("convert", sp_input=bsc, layout="bsc", blocksize=[2]).blocksize == (2, 2)  # itself
+    calls.falls_back("convert", "batched", sp_input=coo(rng, (2, 3, 3), 6, "float64", unique=True), layout="csr")
+    batched = SparseTensor(layout="csr", compressed_indices=[[0, 1, 2], [0, 2, 2]], plain_indices=[[0, 1], [1, 0]],
+                           values=np.array([[1.0, 2.0], [3.0, 4.0]]), dense_shape=[2, 2, 2])
+    calls.falls_back("convert", "batched", sp_input=batched, layout="csc")
+    calls.same("convert", sp_input=batched, layout="csr")  # itself
+    calls.falls_back("convert", "hybrid", sp_input=coo(rng, (4, 4, 2), 5, "float64", sparse_ndim=2), layout="csr")
+    calls.falls_back("convert", "dense_dim", sp_input=f, layout="coo", dense_dim=1)
+    calls.falls_back("convert", "argument", sp_input=f, layout="dense")  # an error
+    calls.falls_back("convert", "argument", sp_input=f, layout="csr", blocksize=[2, 2])  # an error
+
+
+# ------------------------------------------------------------------ reorder, coalesce, to_dense
+COO_SHAPES = [((6, 5), 2), ((3, 4, 5), 3), ((4, 3, 2), 2), ((9,), 1), ((0, 3), 2), ((3, 4, 0), 2)]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_reorder_and_coalesce(calls, dtype):
+    rng = np.random.default_rng(9)
+    for shape, s in COO_SHAPES:
+        for t in (coo(rng, shape, 25, dtype, s), coo(rng, shape, 0, dtype, s),
+                  coo(rng, shape, 8, dtype, s, unique=True, ordered=True)):
+            calls.same("reorder", sp_input=t)
+            calls.same("coalesce", sp_input=t)
+
+
+def test_sums_wrap_and_keep_the_sign_of_zero(calls):
+    big = SparseTensor(indices=[[0], [0], [1]], values=np.array([100, 100, -128], np.int8), dense_shape=[2])
+    assert calls.same("coalesce", sp_input=big).values.tolist() == [-56, -128]
+    wide = SparseTensor(indices=[[1], [1]], values=np.array([2**63 - 1, 1], np.int64), dense_shape=[2])
+    assert calls.same("coalesce", sp_input=wide).values.tolist() == [-2**63]
+    neg = SparseTensor(indices=[[1], [0], [1]], values=np.array([-0.0, -0.0, 1.5]), dense_shape=[2])
+    out = calls.same("coalesce", sp_input=neg)
+    assert np.signbit(out.values).tolist() == [True, False]
+    flags = SparseTensor(indices=[[0], [0], [1]], values=np.array([False, True, False]), dense_shape=[2])
+    assert calls.same("coalesce", sp_input=flags).values.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_to_dense(calls, dtype):
+    rng = np.random.default_rng(10)
+    default = {"b": True, "u": 3, "i": -2, "f": 1.5, "c": 0.5}[np.dtype(dtype).kind]
+    for shape, s in COO_SHAPES:
+        messy = coo(rng, shape, 25, dtype, s)
+        calls.same("to_dense", sp_input=messy, validate_indices=False)
+        calls.same("to_dense", sp_input=messy, validate_indices=False, default_value=default)
+        ordered = coo(rng, shape, 10, dtype, s, unique=True, ordered=True)
+        calls.same("to_dense", sp_input=ordered)
+        calls.same("to_dense", sp_input=ordered, default_value=default)
+
+
+def test_to_dense_falls_back_to_name_the_bad_entry(calls):
+    rng = np.random.default_rng(11)
+    unordered = coo(rng, (5, 5), 12, "float64")
+    error = calls.falls_back("to_dense", "unordered", sp_input=unordered)
+    assert error.reason in ("INDICES_UNSORTED", "INDICES_REPEATED")
+    calls.falls_back("to_dense", "argument", sp_input=coo(rng, (3, 3), 2, "int8", unique=True, ordered=True),
+                     default_value=1000)
+
+
+# ------------------------------------------------------------------ transpose
+@pytest.mark.parametrize("dtype", ["bool", "int16", "uint64", "float16", "float64", "complex64"])
+def test_transpose(calls, dtype):
+    rng = np.random.default_rng(12)
+    for shape, s, perms in [((6, 5), 2, [None, [0, 1], [1, 0]]), ((3, 4, 5), 3, [None, [2, 0, 1], [0, 2, 1]]),
+                            ((4, 3, 2, 3), 2, [[1, 0, 3, 2], [0, 1, 2, 3]]), ((0, 3), 2, [None])]:
+        for t in (coo(rng, shape, 20, dtype, s), coo(rng, shape, 8, dtype, s, unique=True, ordered=True)):
+            for perm in perms:
+                calls.same("transpose", sp_input=t, perm=perm)
+    for t in (compressed(rng, "csr", (4, 6), dtype, "int32"), compressed(rng, "csc", (4, 6), dtype)):
+        for perm in (None, [0, 1], [1, 0]):
+            calls.same("transpose", sp_input=t, perm=perm)
+    f = coo(rng, (4, 6), 10, dtype, unique=True)
+    bsr = as_layout(f, "bsr", blocksize=[2, 3])
+    calls.same("transpose", sp_input=bsr)
+    hybrid = as_layout(coo(rng, (4, 6, 3, 2), 10, dtype, sparse_ndim=2, unique=True), "csr")
+    calls.same("transpose", sp_input=hybrid, perm=[1, 0, 3, 2])
+
+
+def test_transpose_falls_back_when_a_batch_dimension_moves(calls):
+    batched = SparseTensor(layout="csr", compressed_indices=[[0, 1, 2], [0, 2, 2]], plain_indices=[[0, 1], [1, 0]],
+                           values=np.array([[1.0, 2.0], [3.0, 4.0]]), dense_shape=[2, 2, 2])
+    calls.same("transpose", sp_input=batched, perm=[0, 2, 1])
+    calls.falls_back("transpose", "batched", sp_input=batched, perm=[1, 0, 2])
+    calls.falls_back("transpose", "argument", sp_input=batched, perm=[0, 0, 1])  # an error
+    hybrid = coo(np.random.default_rng(13), (3, 3, 2), 4, "float64", sparse_ndim=2)
+    calls.falls_back("transpose", "argument", sp_input=hybrid)  # the reversal moves a dense dimension
+
+
+# ------------------------------------------------------------------ reductions
+AXES = [None, [], [0], [-1], [0, 1], [1]]
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max"])
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64",
+                                   "complex64", "complex128"])
+def test_reductions(calls, op, dtype):
+    if op == "reduce_max" and np.dtype(dtype).kind == "c":
+        pytest.skip("complex maxima are UNIMPLEMENTED (tested as a fallback)")
+    rng = np.random.default_rng(14)
+    inputs = [coo(rng, (5, 4), 15, dtype), coo(rng, (3, 4, 5), 20, dtype), coo(rng, (4, 3, 2), 8, dtype, 2),
+              coo(rng, (0, 3), 0, dtype), coo(rng, (4, 3), 0, dtype), coo(rng, (3, 2, 0), 4, dtype, 2),
+              compressed(rng, "csr", (4, 5), dtype, "int32"), compressed(rng, "csc", (4, 5), dtype)]
+    for t in inputs:
+        for axis in AXES:
+            if axis and max(axis) >= t.ndim:
+                continue
+            for keepdims in (False, True):
+                calls.same(op, sp_input=t, axis=axis, keepdims=keepdims)
+                if axis is not None and axis != [] or keepdims or t.ndim == 0:
+                    out_rank = t.ndim if keepdims else t.ndim - (t.ndim if axis is None else len(axis))
+                    if out_rank:
+                        calls.same(op, sp_input=t, axis=axis, keepdims=keepdims, output_is_sparse=True)
+                elif axis == []:
+                    calls.same(op, sp_input=t, axis=axis, output_is_sparse=True)
+
+
+def test_reduce_max_propagates_nan_and_ignores_unstored_zeros(calls):
+    t = SparseTensor(indices=[[0, 0], [0, 1], [1, 1], [1, 1]], values=[-3.0, np.nan, -2.0, -5.0], dense_shape=[3, 2])
+    assert calls.same("reduce_max", sp_input=t, axis=[1]).tolist()[1:] == [-2.0, 0.0]
+    assert np.isnan(calls.same("reduce_max", sp_input=t, axis=[1])[0])
+
+
+def test_reductions_fall_back_for_what_the_gpu_cannot_do(calls):
+    rng = np.random.default_rng(15)
+    calls.falls_back("reduce_sum", "dtype", sp_input=coo(rng, (3, 3), 4, "bool"))  # an error
+    calls.falls_back("reduce_max", "dtype", sp_input=coo(rng, (3, 3), 4, "complex64"))  # an error
+    calls.falls_back("reduce_sum", "argument", sp_input=coo(rng, (3, 3), 4, "float64"), axis=[2])  # an error
+    calls.falls_back("reduce_sum", "argument", sp_input=coo(rng, (3, 3), 4, "float64"), output_is_sparse=True)
+    f = coo(rng, (4, 4), 6, "float64", unique=True)
+    calls.falls_back("reduce_sum", "layout", sp_input=as_layout(f, "bsr", blocksize=[2, 2]), axis=[0])
+    batched = SparseTensor(layout="csr", compressed_indices=[[0, 1, 2], [0, 2, 2]], plain_indices=[[0, 1], [1, 0]],
+                           values=np.array([[1.0, 2.0], [3.0, 4.0]]), dense_shape=[2, 2, 2])
+    calls.falls_back("reduce_max", "batched", sp_input=batched, axis=[1])
+
+
+# ------------------------------------------------------------------ element-wise
+BROADCASTS = [lambda shape: shape, lambda shape: shape[-1:], lambda shape: (1,) * len(shape),
+              lambda shape: (shape[0], 1) + tuple(shape[2:]), lambda shape: ()]
+
+
+@pytest.mark.parametrize("dtypes", [("float64", "float64"), ("float32", "float32"), ("int8", "int8"),
+                                    ("int16", "float32"), ("uint64", "int64"), ("bool", "bool"), ("bool", "int32"),
+                                    ("complex64", "float64"), ("float16", "float16"), ("int32", "int32"),
+                                    ("uint8", "uint8"), ("int64", "int8")])
+def test_mul_and_div(calls, dtypes):
+    rng = np.random.default_rng(16)
+    sp_dtype, dense_dtype = dtypes
+    for shape, s in [((4, 5), 2), ((3, 4, 2), 3), ((3, 4, 2), 2), ((0, 3), 2)]:
+        t = coo(rng, shape, 12, sp_dtype, s)
+        for make in BROADCASTS:
+            dense = values_of(rng, make(shape), dense_dtype)
+            calls.same("mul", sp_input=t, dense=dense)
+            kind = np.result_type(sp_dtype, dense_dtype).kind
+            if kind == "b" or kind == "c":
+                continue
+            if kind in "iu":
+                dense = np.where(dense == 0, np.ones((), dense.dtype), dense)
+            calls.same("div", sp_input=t, dense=dense)
+
+
+def test_div_truncates_wraps_and_follows_ieee(calls):
+    t = SparseTensor(indices=[[0], [1], [2], [3]], values=np.array([-7, 7, -128, 5], np.int8), dense_shape=[5])
+    out = calls.same("div", sp_input=t, dense=np.array([2, -2, -1, 3, 0], np.int8))  # 0 where nothing is stored
+    assert out.values.tolist() == [-3, -3, -128, 1]
+    f = SparseTensor(indices=[[0], [1], [2]], values=[1.0, -1.0, 0.0], dense_shape=[3])
+    out = calls.same("div", sp_input=f, dense=np.array([0.0, 0.0, 0.0]))
+    assert out.values[0] == np.inf and out.values[1] == -np.inf and np.isnan(out.values[2])
+    out = calls.same("mul", sp_input=f, dense=np.array([np.inf, 2.0, np.nan]))
+    assert out.values[0] == np.inf and np.isnan(out.values[2])
+
+
+def test_mul_and_div_fall_back(calls):
+    rng = np.random.default_rng(17)
+    t = coo(rng, (3, 4), 6, "int32", unique=True)
+    zero = np.zeros((3, 4), np.int32)
+    calls.falls_back("div", "division_by_zero", sp_input=t, dense=zero)  # an error naming the entry
+    c = coo(rng, (3, 4), 6, "complex128")
+    calls.falls_back("div", "dtype", sp_input=c, dense=values_of(rng, (4,), "complex128"))
+    calls.falls_back("div", "dtype", sp_input=coo(rng, (3, 4), 6, "bool"), dense=np.ones(4, bool))  # an error
+    calls.falls_back("mul", "shape", sp_input=t, dense=np.ones((2, 4), np.int32))  # an error
+    calls.falls_back("mul", "shape", sp_input=t, dense=np.ones((2, 3, 4), np.int32))  # an error
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_with_values(calls, dtype):
+    rng = np.random.default_rng(18)
+    for shape, s in [((4, 5), 2), ((3, 4, 2), 2), ((0, 2), 2)]:
+        t = coo(rng, shape, 9, "float64", s)
+        calls.same("with_values", sp_input=t, new_values=values_of(rng, t.values.shape, dtype))
+    calls.falls_back("with_values", "shape", sp_input=t, new_values=values_of(rng, (3,), dtype))
+
+
+MAP_FNS = ("neg", "abs", "sign", "square", "conj", "ceil", "floor", "round", "trunc", "sqrt", "sin", "tan", "tanh",
+           "asin", "atan", "sinh", "asinh", "atanh", "expm1", "log1p", "deg2rad", "rad2deg", "negative", "rint")
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint16", "int64", "float16", "float32", "float64", "complex64"])
+def test_map_values(calls, dtype):
+    rng = np.random.default_rng(19)
+    t = coo(rng, (5, 6, 2), 12, dtype, 2)
+    if np.dtype(dtype).kind == "f":
+        t = SparseTensor(indices=t.indices, values=np.concatenate([t.values[:-1], [[np.nan, -0.0]]]).astype(dtype),
+                         dense_shape=t.dense_shape)
+    for fn in MAP_FNS:
+        name = {"negative": "neg", "rint": "round"}.get(fn, fn)
+        kind = np.dtype(dtype).kind
+        cpu_refuses = (kind == "b" and name not in ("abs", "sign", "square", "conj", "ceil", "floor", "round",
+                                                    "trunc")) or \
+            (kind == "c" and name in ("ceil", "floor", "round", "trunc", "deg2rad", "rad2deg"))
+        if cpu_refuses:
+            calls.falls_back("map_values", "argument", sp_input=t, fn=fn)
+        elif kind == "c" and name not in ("neg", "abs", "square", "conj"):
+            calls.falls_back("map_values", "dtype", sp_input=t, fn=fn)
+        else:
+            calls.same("map_values", sp_input=t, fn=fn)
+    calls.falls_back("map_values", "argument", sp_input=t, fn="cos")  # an error naming to_dense
+
+
+@pytest.mark.parametrize("dtypes", [("float64", "float64"), ("float32", "float64"), ("int8", "int8"),
+                                    ("bool", "bool"), ("uint32", "int16"), ("complex64", "complex64"),
+                                    ("float16", "float16")])
+def test_add(calls, dtypes):
+    rng = np.random.default_rng(20)
+    for shape, s in [((5, 4), 2), ((3, 4, 2), 2), ((3, 4, 2), 3), ((0, 4), 2)]:
+        a, b = coo(rng, shape, 12, dtypes[0], s), coo(rng, shape, 9, dtypes[1], s)
+        calls.same("add", a=a, b=b)
+        calls.same("add", a=b, b=a)
+        complex_sum = np.result_type(*dtypes).kind == "c"
+        if not complex_sum:
+            calls.same("add", a=a, b=b, threshold=1.0)
+            calls.same("add", a=a, b=b, threshold=2.5)
+        dense = values_of(rng, shape, dtypes[1])
+        calls.same("add", a=a, b=dense)
+        calls.same("add", a=dense, b=a)
+
+
+def test_add_keeps_cancellation_zeros_and_falls_back(calls):
+    a = SparseTensor(indices=[[0, 0], [1, 1]], values=[1.0, 2.0], dense_shape=[2, 2])
+    b = SparseTensor(indices=[[0, 0]], values=[-1.0], dense_shape=[2, 2])
+    assert calls.same("add", a=a, b=b).values.tolist() == [0.0, 2.0]
+    assert calls.same("add", a=a, b=b, threshold=0.5).indices.tolist() == [[1, 1]]
+    z = SparseTensor(indices=[[0, 0]], values=np.array([1 + 1j]), dense_shape=[2, 2])
+    calls.falls_back("add", "dtype", a=z, b=z, threshold=1.0)
+    calls.falls_back("add", "shape", a=a, b=SparseTensor(indices=[[0]], values=[1.0], dense_shape=[2]))
+    calls.falls_back("add", "argument", a=a, b=a, threshold=-1.0)  # an error
+    calls.falls_back("add", "argument", a=np.ones((2, 2)), b=np.ones((2, 2)))  # an error
+
+
+# ------------------------------------------------------------------ coverage of the registry
+GPU_OPS = {"add", "coalesce", "convert", "div", "map_values", "matmul", "mul", "reduce_max", "reduce_sum", "reorder",
+           "to_dense", "transpose", "with_values"}
+
+
+def test_the_ops_with_gpu_kernels():
+    assert {op.name for op in REGISTRY if "cuda" in op.kernels} == GPU_OPS
+
+
+def test_inputs_are_never_written(calls):
+    """The stand-in passes the bound (read-only) arrays straight to the kernels: a kernel that
+    wrote its input would raise here. Kept device tensors are shared the same way."""
+    rng = np.random.default_rng(21)
+    t = coo(rng, (6, 6), 20, "float64")
+    bound = REGISTRY.get("coalesce").bind({"sp_input": t})
+    assert not bound["sp_input"].values.flags.writeable
+    before = bound["sp_input"].values.copy()
+    calls.be.run(REGISTRY.get("matmul"), REGISTRY.get("matmul").bind({"a": bound["sp_input"], "b": np.ones(6)}))
+    calls.be.run(REGISTRY.get("coalesce"), bound)
+    np.testing.assert_array_equal(bound["sp_input"].values, before)
