@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: serve test bench proto clean
+.PHONY: serve test image-test bench proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ serve: $(VENV)/.server
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Build the CPU image (deploy/Dockerfile) on a local Debian base and drive a container of it
+# with the SDK; installs docker.io and debootstrap and starts dockerd if needed (root).
+# See deploy/README.md.
+image-test: $(VENV)/.dev
+	PY=$(abspath $(BIN)/python) deploy/image_test.sh
 
 # Peers (scipy, torch) are optional for the benchmarks: missing ones are reported and skipped.
 # `python -m bench.<name>` runs one of them alone.

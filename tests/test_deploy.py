@@ -1,0 +1,677 @@
+"""The deployment files agree with the code (no Docker needed; ``make image-test`` runs the
+CPU image for real).
+
+Parses ``deploy/Dockerfile``, ``deploy/Dockerfile.gpu``, ``deploy/compose.yaml`` and the
+Kubernetes manifests (``deploy/k8s/base`` and the ``deploy/k8s/tls`` overlay, its JSON
+patch applied here) and checks them against the server: every ``SPARSESERVE_*`` name is
+a setting of ``ServerConfig`` and its value parses with the server's own parser, ports are
+the defaults and the same everywhere, probe and health-check paths are routes the REST app
+serves, the command line is ``sparseserve serve``, the GPU variants pick ``cuda`` and ask
+for a GPU, grace periods outlast ``--shutdown-grace``, the read-only root filesystem keeps
+numba's cache directory writable, and every manifest is listed in its kustomization.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from sparseserve.server.config import ServerConfig, build_parser, env_name
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+SETTINGS = {env_name(f.name) for f in fields(ServerConfig)}
+DEFAULTS = ServerConfig()
+PORTS = {"grpc": DEFAULTS.grpc_port, "http": DEFAULTS.http_port}
+ENTRYPOINT = ["sparseserve", "serve"]
+SETTING_NAME = re.compile(r"\bSPARSESERVE_[A-Z0-9_]*[A-Z0-9]")
+
+
+# ------------------------------------------------------------------------ helpers
+def effective_config(env: dict[str, str], argv: list[str] = ()) -> object:
+    """What ``sparseserve serve`` would run with: the server's parser, this environment only."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPARSESERVE_")}
+    with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
+        return build_parser().parse_args(list(argv))
+
+
+def check_settings(env: dict[str, str], where: str) -> None:
+    unknown = sorted(k for k in env if k.startswith("SPARSESERVE_") and k not in SETTINGS)
+    assert not unknown, f"{where}: {unknown} are not server settings (known: {sorted(SETTINGS)})"
+
+
+def check_text_names(text: str, where: str) -> None:
+    unknown = sorted(set(SETTING_NAME.findall(text)) - SETTINGS)
+    assert not unknown, f"{where} mentions {unknown}, which are not server settings"
+
+
+@pytest.fixture(scope="module")
+def routes() -> set[str]:
+    """The GET routes of the real REST app."""
+    from sparseserve.server.ops import REGISTRY
+    from sparseserve.server.rest_wire import create_app
+    from sparseserve.server.service import Service
+
+    service = Service(ServerConfig(), REGISTRY)
+    try:
+        app = create_app(service)
+        return {r.path for r in app.routes if "GET" in (getattr(r, "methods", None) or ())}
+    finally:
+        service.close()
+
+
+class Dockerfile:
+    """Instructions of a Dockerfile, continuation lines joined, ARG/ENV substituted."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.text = path.read_text()
+        logical, pending = [], ""
+        for raw in self.text.splitlines():
+            line = raw.strip()
+            if not pending and (not line or line.startswith("#")):
+                continue
+            if line.startswith("#"):
+                continue
+            if line.endswith("\\"):
+                pending += line[:-1] + " "
+                continue
+            logical.append(pending + line)
+            pending = ""
+        self.stages: list[list[tuple[str, str]]] = [[]]
+        self.global_args: dict[str, str] = {}
+        for line in logical:
+            word, _, rest = line.partition(" ")
+            word = word.upper()
+            if word == "FROM":
+                self.stages.append([])
+            elif word == "ARG" and len(self.stages) == 1:
+                name, _, default = rest.strip().partition("=")
+                self.global_args[name] = default
+            self.stages[-1].append((word, rest.strip()))
+        self.stages = self.stages[1:]  # the global ARGs are kept apart
+        self.final = self.stages[-1]
+
+    def instructions(self, word: str, stage: list | None = None) -> list[str]:
+        return [rest for w, rest in (self.final if stage is None else stage) if w == word]
+
+    def final_env(self) -> dict[str, str]:
+        """ENV of the final stage, ARG defaults and earlier values substituted."""
+        args: dict[str, str] = {}
+        env: dict[str, str] = {}
+        for word, rest in self.final:
+            if word == "ARG":
+                name, _, default = rest.partition("=")
+                args[name] = default
+            elif word == "ENV":
+                for pair in shlex.split(rest):
+                    name, _, value = pair.partition("=")
+                    env[name] = self._expand(value, {**args, **env})
+        return env
+
+    def final_arg(self, name: str) -> str:
+        for word, rest in self.final:
+            if word == "ARG" and rest.partition("=")[0] == name:
+                return rest.partition("=")[2]
+        raise KeyError(name)
+
+    @staticmethod
+    def _expand(value: str, known: dict[str, str]) -> str:
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: known.get(m.group(1) or m.group(2), ""), value)
+
+    def exec_form(self, word: str) -> list[str]:
+        (rest,) = self.instructions(word)[-1:]
+        return json.loads(rest)
+
+
+@pytest.fixture(scope="module", params=["Dockerfile", "Dockerfile.gpu"])
+def dockerfile(request) -> Dockerfile:
+    return Dockerfile(DEPLOY / request.param)
+
+
+def cpu_dockerfile() -> Dockerfile:
+    return Dockerfile(DEPLOY / "Dockerfile")
+
+
+def gpu_dockerfile() -> Dockerfile:
+    return Dockerfile(DEPLOY / "Dockerfile.gpu")
+
+
+def load_yaml_docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} with nothing set in the environment."""
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: m.group(2) or "", str(value))
+
+
+def json_patch(doc: dict, ops: list[dict]) -> dict:
+    """RFC 6902 add/replace/remove, enough for the overlays here (kustomize does the same)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            if op["op"] == "add":
+                node.insert(len(node) if last == "-" else int(last), copy.deepcopy(op["value"]))
+            elif op["op"] == "replace":
+                node[int(last)] = copy.deepcopy(op["value"])
+            else:
+                del node[int(last)]
+        else:
+            if op["op"] in ("replace", "remove"):
+                assert last in node, f"{op['op']} {op['path']}: no such member"
+            if op["op"] == "remove":
+                del node[last]
+            else:
+                node[last] = copy.deepcopy(op["value"])
+    return doc
+
+
+def kustomization(directory: Path) -> dict:
+    return yaml.safe_load((directory / "kustomization.yaml").read_text())
+
+
+def render(directory: Path) -> list[dict]:
+    """The objects a kustomization makes: its resources (recursively), patches applied
+    to the kinds/labels they target, images retagged."""
+    k = kustomization(directory)
+    docs: list[dict] = []
+    for entry in k.get("resources", []):
+        path = (directory / entry).resolve()
+        docs += render(path) if path.is_dir() else load_yaml_docs(path)
+    for patch in k.get("patches", []):
+        ops = yaml.safe_load((directory / patch["path"]).read_text())
+        target = patch["target"]
+        selector = dict(part.split("=") for part in target.get("labelSelector", "").split(",") if part)
+        for i, doc in enumerate(docs):
+            labels = doc["metadata"].get("labels", {})
+            if doc["kind"] == target["kind"] and all(labels.get(a) == b for a, b in selector.items()):
+                docs[i] = json_patch(doc, ops)
+    for image in k.get("images", []):
+        for doc in docs:
+            for container in pod_containers(doc):
+                name, _, _tag = container["image"].partition(":")
+                if name == image["name"]:
+                    container["image"] = f"{image.get('newName', name)}:{image.get('newTag', _tag)}"
+    return docs
+
+
+def pod_spec(doc: dict) -> dict | None:
+    return doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "StatefulSet", "DaemonSet") else None
+
+
+def pod_containers(doc: dict) -> list[dict]:
+    spec = pod_spec(doc)
+    return [] if spec is None else [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def server_container(doc: dict) -> dict:
+    (container,) = [c for c in pod_spec(doc)["containers"] if c["name"] == "sparseserve"]
+    return container
+
+
+def container_env(container: dict) -> dict[str, str]:
+    """Literal values; a resourceFieldRef (the CPU limit, say) becomes a sample number."""
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "resourceFieldRef" in item.get("valueFrom", {}):
+            env[item["name"]] = "4"
+        else:
+            env[item["name"]] = "<from elsewhere>"
+    return env
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def quantity_bytes(q: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in units.items():
+        if str(q).endswith(suffix):
+            return int(float(str(q)[:-len(suffix)]) * factor)
+    return int(q)
+
+
+def quantity_cpu(q) -> float:
+    return float(str(q)[:-1]) / 1000 if str(q).endswith("m") else float(q)
+
+
+RENDERINGS = {"base": K8S / "base", "tls": K8S / "tls"}
+
+
+@pytest.fixture(scope="module", params=sorted(RENDERINGS))
+def rendering(request) -> tuple[str, list[dict]]:
+    return request.param, render(RENDERINGS[request.param])
+
+
+# ------------------------------------------------------------------------ Dockerfiles
+def test_dockerfile_base_is_a_build_argument_and_the_build_is_multi_stage(dockerfile):
+    assert "BASE_IMAGE" in dockerfile.global_args, "the base image is ARG BASE_IMAGE before the first FROM"
+    default = dockerfile.global_args["BASE_IMAGE"]
+    if dockerfile.path.name == "Dockerfile":
+        assert default == "python:3.11-slim-bookworm"
+    else:
+        assert default.startswith("nvidia/cuda:12.") and "runtime" in default, default
+    assert len(dockerfile.stages) >= 2
+    froms = [rest for stage in dockerfile.stages for w, rest in stage if w == "FROM"]
+    assert all(f.split()[0] == "${BASE_IMAGE}" for f in froms), froms
+    assert froms[0].split()[-1] == "builder"
+    copies = dockerfile.instructions("COPY")
+    assert "--from=builder /opt/sparseserve/venv /opt/sparseserve/venv" in copies
+
+
+def test_dockerfile_installs_the_package_not_editable_with_the_right_extras(dockerfile):
+    builder = dockerfile.stages[0]
+    installs = [r for r in dockerfile.instructions("RUN", builder) if "pip install" in r and '".[' in r]
+    assert len(installs) == 1, installs
+    assert " -e " not in installs[0] and "--editable" not in installs[0]
+    extras = set(re.search(r'"\.\[([a-z,]+)\]"', installs[0]).group(1).split(","))
+    expected = {"server"} if dockerfile.path.name == "Dockerfile" else {"server", "gpu"}
+    assert extras == expected
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras <= set(declared)
+
+
+def test_dockerfile_copies_what_exists_and_is_not_dockerignored(dockerfile):
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for stage in dockerfile.stages:
+        for rest in dockerfile.instructions("COPY", stage):
+            if rest.startswith("--from"):
+                continue
+            *sources, _dest = rest.split()
+            for source in sources:
+                assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+                assert source.split("/")[0] not in ignored, f"COPY {source}: .dockerignore leaves it out"
+    # What the package is built from: the three code folders of pyproject's package-dir.
+    package_dirs = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    copied = {rest.split()[0] for rest in dockerfile.instructions("COPY", dockerfile.stages[0])}
+    assert {d.split("/")[0] for d in package_dirs} <= copied
+
+
+def test_dockerfile_environment_is_server_settings_that_parse(dockerfile):
+    env = dockerfile.final_env()
+    check_settings(env, dockerfile.path.name)
+    check_text_names(dockerfile.text, dockerfile.path.name)
+    ns = effective_config(env, json.loads(dockerfile.instructions("CMD")[-1]))
+    assert ns.host == "0.0.0.0", "the default host 127.0.0.1 is unreachable from outside a container"
+    assert (ns.grpc_port, ns.http_port) == (PORTS["grpc"], PORTS["http"])
+    assert ns.device == ("cpu" if dockerfile.path.name == "Dockerfile" else "cuda")
+
+
+def test_dockerfile_exposes_the_ports_and_runs_sparseserve_serve(dockerfile):
+    exposed = {int(p.split("/")[0]) for rest in dockerfile.instructions("EXPOSE") for p in rest.split()}
+    assert exposed == set(PORTS.values())
+    assert dockerfile.exec_form("ENTRYPOINT") == ENTRYPOINT
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[ENTRYPOINT[0]] == "sparseserve.cli:main"
+
+
+def test_dockerfile_runs_as_an_unprivileged_user_with_a_prebuilt_numba_cache(dockerfile):
+    final = dockerfile.final
+    users = [i for i, (w, _) in enumerate(final) if w == "USER"]
+    assert users, "the final stage sets USER"
+    uid = Dockerfile._expand(final[users[-1]][1], {"UID": dockerfile.final_arg("UID")}).split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "a numeric, non-root USER (runAsNonRoot can check it)"
+    env = dockerfile.final_env()
+    cache_dir = env["NUMBA_CACHE_DIR"]
+    warm = [i for i, (w, rest) in enumerate(final) if w == "RUN" and "kernels.warm_up()" in rest]
+    assert warm, "numba's cache is filled at build time"
+    assert warm[0] > users[-1], "compiled as the user that runs the server (its cache directory)"
+    env_at = [i for i, (w, rest) in enumerate(final) if w == "ENV" and "NUMBA_CACHE_DIR=" in rest]
+    assert env_at and env_at[0] < warm[0], "NUMBA_CACHE_DIR is set before the warm-up"
+    chowned = [rest for w, rest in final if w == "RUN" and "chown" in rest]
+    assert any(cache_dir in rest or cache_dir.rsplit("/", 1)[0] in rest for rest in chowned), \
+        f"{cache_dir} is made writable for the user"
+
+
+def test_dockerfile_healthcheck_gets_a_real_route(dockerfile, routes):
+    (rest,) = dockerfile.instructions("HEALTHCHECK")
+    command = json.loads(rest[rest.index("CMD") + 3:].strip())
+    assert command[:2] == ["python", "/opt/sparseserve/healthcheck.py"]
+    assert command[2] in routes and command[2] == "/healthz"
+    assert "deploy/healthcheck.py /opt/sparseserve/healthcheck.py" in dockerfile.instructions("COPY")
+
+
+def test_gpu_image_adds_a_writable_cupy_cache():
+    env = gpu_dockerfile().final_env()
+    assert env["CUPY_CACHE_DIR"].startswith("/var/cache/sparseserve/")
+    assert "/var/cache/sparseserve/cupy" in " ".join(gpu_dockerfile().instructions("RUN"))
+
+
+# ------------------------------------------------------------------------ health check script
+def test_healthcheck_script_against_a_real_server(server):
+    script = DEPLOY / "healthcheck.py"
+
+    def run(path: str, port: int) -> int:
+        env = {**os.environ, "SPARSESERVE_HTTP_PORT": str(port), "SPARSESERVE_HOST": "0.0.0.0"}
+        env.pop("SPARSESERVE_TLS_CERT", None)
+        return subprocess.run([sys.executable, str(script), path], env=env, capture_output=True,
+                              timeout=30).returncode
+
+    assert run("/healthz", server.http_port) == 0
+    assert run("/readyz", server.http_port) == 0
+    assert run("/no-such-route", server.http_port) == 1
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    assert run("/healthz", closed) == 1
+
+
+# ------------------------------------------------------------------------ compose
+def test_compose_has_a_cpu_worker_and_a_gpu_profile():
+    services = compose()["services"]
+    assert set(services) == {"cpu", "gpu"}
+    assert "profiles" not in services["cpu"], "the CPU worker starts with a plain `up`"
+    assert services["gpu"]["profiles"] == ["gpu"]
+    assert services["cpu"]["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert services["gpu"]["build"]["dockerfile"] == "deploy/Dockerfile.gpu"
+    for service in services.values():
+        context = (DEPLOY / service["build"]["context"]).resolve()
+        assert context == ROOT and (context / service["build"]["dockerfile"]).is_file()
+    reservation = services["gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in reservation)
+    assert "deploy" not in services["cpu"]
+
+
+def test_compose_environment_ports_and_health(routes):
+    services = compose()["services"]
+    host_ports = []
+    for name, service in services.items():
+        env = {k: interpolate(v) for k, v in service["environment"].items()}
+        check_settings(env, f"compose service {name}")
+        image = gpu_dockerfile() if name == "gpu" else cpu_dockerfile()
+        ns = effective_config({**image.final_env(), **env}, service.get("command", []))
+        assert ns.device == {"cpu": "cpu", "gpu": "cuda"}[name]
+        assert service.get("entrypoint", ENTRYPOINT) == ENTRYPOINT
+        container_ports = set()
+        for spec in service["ports"]:
+            *_, host, container = interpolate(spec).split(":")
+            container_ports.add(int(container))
+            host_ports.append(int(host))
+        assert container_ports == {ns.grpc_port, ns.http_port} == set(PORTS.values())
+        test = service["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "python", "/opt/sparseserve/healthcheck.py"] and test[3] in routes
+        grace = float(service["stop_grace_period"].rstrip("s"))
+        assert grace > ns.shutdown_grace, f"{name}: docker stop must outwait --shutdown-grace"
+    assert len(host_ports) == len(set(host_ports)), "both profiles can run side by side"
+    check_text_names((DEPLOY / "compose.yaml").read_text(), "compose.yaml")
+
+
+# ------------------------------------------------------------------------ Kubernetes
+def test_kustomizations_list_every_manifest():
+    for directory in (K8S / "base", K8S / "tls"):
+        k = kustomization(directory)
+        listed = set(k.get("resources", [])) | {p["path"] for p in k.get("patches", [])}
+        for entry in listed:
+            assert (directory / entry).exists(), f"{directory.name}/kustomization.yaml lists missing {entry}"
+        files = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
+        assert files <= listed, f"{directory.name}: {sorted(files - listed)} are not in its kustomization"
+    assert {p.name for p in K8S.glob("*.yaml")} == {"secrets.example.yaml"}, \
+        "manifests live in base/ (or an overlay); only the Secrets example is outside"
+
+
+def test_kubectl_kustomize_agrees_when_kubectl_is_here():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed: the patches are applied by this test's own renderer")
+    for name, directory in RENDERINGS.items():
+        out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, f"kubectl kustomize {name}: {out.stderr}"
+        theirs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
+        ours = {(d["kind"], d["metadata"]["name"]): d for d in render(directory)}
+        assert set(theirs) == set(ours)
+        for key, doc in ours.items():
+            if doc["kind"] == "Deployment":
+                assert server_container(theirs[key]) == server_container(doc), f"{name}: {key}"
+                assert pod_spec(theirs[key])["volumes"] == pod_spec(doc)["volumes"]
+
+
+def test_deployments_environment_and_command(rendering):
+    name, docs = rendering
+    deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    assert set(deployments) == {"sparseserve-cpu", "sparseserve-gpu"}
+    for dname, doc in deployments.items():
+        container = server_container(doc)
+        image_env = (gpu_dockerfile() if dname.endswith("gpu") else cpu_dockerfile()).final_env()
+        env = container_env(container)
+        check_settings(env, f"{name}/{dname}")
+        ns = effective_config({**image_env, **env}, container.get("args", []))
+        assert container.get("command", ENTRYPOINT) == ENTRYPOINT
+        assert ns.host == "0.0.0.0"
+        assert ns.device == ("cuda" if dname.endswith("gpu") else "cpu")
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == PORTS == {"grpc": ns.grpc_port, "http": ns.http_port}
+        assert pod_spec(doc)["enableServiceLinks"] is False, \
+            "Services named sparseserve* would inject SPARSESERVE_*_PORT variables"
+        # Tokens from a Secret, as a file.
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+        token_file = env["SPARSESERVE_TOKEN_FILE"]
+        (tokens,) = [v for v in volumes.values() if v.get("secret", {}).get("secretName") == "sparseserve-tokens"]
+        item = tokens["secret"]["items"][0]
+        assert token_file == f"{mounts[tokens['name']]['mountPath']}/{item['path']}"
+        assert mounts[tokens["name"]].get("readOnly") is True
+        if name == "tls":
+            (tls,) = [v for v in volumes.values() if v.get("secret", {}).get("secretName") == "sparseserve-tls"]
+            base = mounts[tls["name"]]["mountPath"]
+            assert (ns.tls_cert, ns.tls_key) == (f"{base}/tls.crt", f"{base}/tls.key")
+        else:
+            assert ns.tls_cert is None and ns.tls_key is None
+
+
+def test_probes_use_real_routes_and_ports(rendering, routes):
+    from sparseserve.server import grpc_wire
+
+    name, docs = rendering
+    for doc in by_kind(docs, "Deployment"):
+        container = server_container(doc)
+        image = gpu_dockerfile() if doc["metadata"]["name"].endswith("gpu") else cpu_dockerfile()
+        ns = effective_config({**image.final_env(), **container_env(container)})
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        scheme = "HTTPS" if ns.tls_cert else "HTTP"
+        kinds = {}
+        for probe_name in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = container[probe_name]
+            if "httpGet" in probe:
+                get = probe["httpGet"]
+                assert get["path"] in routes, f"{probe_name} {get['path']} is not a route"
+                assert ports.get(get["port"], get["port"]) == ns.http_port
+                assert get.get("scheme", "HTTP") == scheme, f"{name}: {probe_name} must match TLS on/off"
+                kinds[probe_name] = get["path"]
+            else:
+                assert not ns.tls_cert, "the kubelet's gRPC probe cannot speak TLS"
+                assert probe["grpc"]["port"] == ns.grpc_port
+                assert probe["grpc"].get("service", "") in ("", grpc_wire._HEALTH_SERVICE)
+                kinds[probe_name] = "grpc"
+        assert kinds["livenessProbe"] == "/healthz", "liveness must not fail while kernels warm up"
+        assert kinds["startupProbe"] == "/readyz"
+        assert kinds["readinessProbe"] == ("/readyz" if ns.tls_cert else "grpc")
+        startup = container["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, \
+            "a cold start (numba compiling, ~2-3 min) must fit in the startup probe"
+        annotations = doc["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/path"] in routes
+        assert int(annotations["prometheus.io/port"]) == ns.http_port
+        assert annotations.get("prometheus.io/scheme", "http") == scheme.lower()
+
+
+def test_termination_grace_outlasts_shutdown_grace(rendering):
+    _, docs = rendering
+    for doc in by_kind(docs, "Deployment"):
+        container = server_container(doc)
+        ns = effective_config(container_env(container))
+        pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+        pause = float(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0.0
+        assert pod_spec(doc)["terminationGracePeriodSeconds"] > pause + ns.shutdown_grace
+
+
+def test_security_context_and_writable_paths(rendering):
+    _, docs = rendering
+    for doc in by_kind(docs, "Deployment"):
+        gpu = doc["metadata"]["name"].endswith("gpu")
+        image = gpu_dockerfile() if gpu else cpu_dockerfile()
+        pod = pod_spec(doc)
+        uid = int(image.final_arg("UID"))
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == uid == pod["securityContext"]["runAsGroup"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod_containers(doc):
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["readOnlyRootFilesystem"] is True
+        # numba needs its cache directory writable even to read it: an emptyDir there,
+        # seeded by an init container from the image's own cache.
+        container = server_container(doc)
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        writable = [image.final_env()["NUMBA_CACHE_DIR"], "/tmp"] + ([image.final_env()["CUPY_CACHE_DIR"]] if gpu else [])
+        for path in writable:
+            assert path in mounts and "emptyDir" in volumes[mounts[path]], f"{path} must be a writable emptyDir"
+        (seed,) = pod["initContainers"]
+        seed_mount = seed["volumeMounts"][0]
+        assert seed_mount["name"] == mounts[image.final_env()["NUMBA_CACHE_DIR"]]
+        assert seed["command"] == ["cp", "-a", image.final_env()["NUMBA_CACHE_DIR"] + "/.", seed_mount["mountPath"] + "/"]
+        assert seed["image"] == container["image"], "the cache must come from the same image"
+
+
+def test_resources_gpu_and_images(rendering):
+    _, docs = rendering
+    services = compose()["services"]
+    for doc in by_kind(docs, "Deployment"):
+        gpu = doc["metadata"]["name"].endswith("gpu")
+        for container in pod_containers(doc):
+            res = container["resources"]
+            for kind in ("cpu", "memory"):
+                assert kind in res["requests"] and kind in res["limits"], f"{container['name']}: {kind}"
+            assert quantity_cpu(res["limits"]["cpu"]) >= quantity_cpu(res["requests"]["cpu"])
+            assert quantity_bytes(res["limits"]["memory"]) >= quantity_bytes(res["requests"]["memory"])
+        container = server_container(doc)
+        res = container["resources"]
+        ns = effective_config(container_env(container))
+        assert quantity_bytes(res["limits"]["memory"]) >= ns.store_bytes + ns.max_result_bytes + ns.max_request_bytes, \
+            "the handle store, a result and a request must fit in the memory limit"
+        if gpu:
+            assert int(res["limits"]["nvidia.com/gpu"]) >= 1
+            assert any(t["key"] == "nvidia.com/gpu" for t in pod_spec(doc)["tolerations"])
+        else:
+            assert "nvidia.com/gpu" not in res["limits"] and "nvidia.com/gpu" not in res["requests"]
+        # The same image names as compose's (kustomize's `images` retags them).
+        assert container["image"] == services["gpu" if gpu else "cpu"]["image"]
+
+
+def test_services_hpa_and_pdb_select_the_workers(rendering):
+    _, docs = rendering
+    deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+
+    def selected(selector: dict) -> set[str]:
+        return {n for n, d in deployments.items()
+                if all(d["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in selector.items())}
+
+    services = by_kind(docs, "Service")
+    assert {s["metadata"]["name"] for s in services} == {"sparseserve", "sparseserve-gpu"}
+    for service in services:
+        (target,) = selected(service["spec"]["selector"])
+        assert target == ("sparseserve-gpu" if service["metadata"]["name"].endswith("gpu") else "sparseserve-cpu")
+        container = server_container(deployments[target])
+        container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        ports = {p["name"]: p for p in service["spec"]["ports"]}
+        assert set(ports) == set(PORTS)
+        for pname, port in ports.items():
+            assert port["port"] == PORTS[pname]
+            assert container_ports[port["targetPort"]] == PORTS[pname]
+        assert service["spec"]["sessionAffinity"] == "ClientIP", "handles live in one worker"
+    (hpa,) = by_kind(docs, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    ref = hpa["spec"]["scaleTargetRef"]
+    assert ref["kind"] == "Deployment" and ref["name"] == "sparseserve-cpu"
+    assert "replicas" not in deployments["sparseserve-cpu"]["spec"], "the HPA owns the replica count"
+    assert any(m["resource"]["name"] == "cpu" for m in hpa["spec"]["metrics"])
+    assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    pdbs = by_kind(docs, "PodDisruptionBudget")
+    covered = set().union(*(selected(p["spec"]["selector"]["matchLabels"]) for p in pdbs))
+    assert covered == set(deployments), "every worker Deployment has a PodDisruptionBudget"
+    for pdb in pdbs:
+        assert pdb["apiVersion"] == "policy/v1"
+        assert pdb["spec"].get("maxUnavailable", 0) >= 1 or pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+
+
+def test_secrets_example_matches_what_the_workers_mount():
+    secrets = {d["metadata"]["name"]: d for d in load_yaml_docs(K8S / "secrets.example.yaml")}
+    assert secrets["sparseserve-tls"]["type"] == "kubernetes.io/tls"
+    assert set(secrets["sparseserve-tls"]["data"]) == {"tls.crt", "tls.key"}
+    docs = render(K8S / "tls")
+    for doc in by_kind(docs, "Deployment"):
+        for volume in pod_spec(doc)["volumes"]:
+            secret = volume.get("secret")
+            if secret:
+                example = secrets[secret["secretName"]]
+                keys = set(example.get("stringData", {})) | set(example.get("data", {}))
+                assert {i["key"] for i in secret.get("items", [])} <= keys
+    # The example's token lines parse the way the server reads a token file.
+    lines = [ln.split() for ln in secrets["sparseserve-tokens"]["stringData"]["tokens"].splitlines() if ln.strip()]
+    assert all(len(parts) == 2 for parts in lines)
+
+
+def test_every_deploy_file_names_only_real_settings():
+    for path in [*DEPLOY.rglob("*.yaml"), *DEPLOY.glob("Dockerfile*"), DEPLOY / "README.md",
+                 DEPLOY / "healthcheck.py", DEPLOY / "image_test.sh"]:
+        check_text_names(path.read_text(), str(path.relative_to(ROOT)))
+
+
+# ------------------------------------------------------------------------ image test wiring
+def test_image_test_is_wired_into_make_and_ci():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^image-test:.*\n\t.*deploy/image_test\.sh", makefile, re.M)
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+          if ln.strip() and not ln.startswith("#")]
+    assert ci.index("make image-test") > ci.index("make test")
+    script = (DEPLOY / "image_test.sh").read_text()
+    cache = re.search(r"CACHE=\$\{IMAGE_TEST_CACHE:-\$ROOT/([^}]+)\}", script).group(1)
+    top = cache.split("/")[0]
+    assert f"{top}/" in (ROOT / ".gitignore").read_text().split(), f"{top}/ must be git-ignored"
+    assert top in (ROOT / ".dockerignore").read_text().split(), f"{top} must stay out of the build context"
+    assert "--build-arg \"BASE_IMAGE=$BASE\"" in script and "-f deploy/Dockerfile" in script
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n", str(DEPLOY / "image_test.sh")]).returncode == 0
+
+
+def test_container_driver_agrees_with_the_image():
+    spec = importlib.util.spec_from_file_location("drive_container", DEPLOY / "drive_container.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    image = cpu_dockerfile()
+    assert module.CACHE_DIR == image.final_env()["NUMBA_CACHE_DIR"]
+    assert module.EXPECTED_UID == int(image.final_arg("UID"))
+    # The hardened run mounts tokens and TLS where the manifests do.
+    text = (DEPLOY / "drive_container.py").read_text()
+    docs = render(K8S / "tls")
+    env = container_env(server_container(by_kind(docs, "Deployment")[0]))
+    for key in ("SPARSESERVE_TOKEN_FILE", "SPARSESERVE_TLS_CERT", "SPARSESERVE_TLS_KEY"):
+        assert f'"{key}": "{env[key]}"' in text, key
