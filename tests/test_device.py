@@ -114,36 +114,27 @@ def test_an_op_without_a_gpu_kernel_runs_on_the_cpu_logged_and_counted(gpu, cpu,
     assert b'sparseserve_device_fallbacks_total{op="slice",reason="no_gpu_kernel"} 1.0' in gpu.metrics.render()
 
 
-def test_a_gpu_kernel_that_declines_a_call_hands_it_to_the_cpu_kernel(gpu, cpu, monkeypatch):
+class OutOfMemoryError(Exception):
+    """What CuPy raises when device memory runs out (matched by name: CuPy is not imported here)."""
+
+
+@pytest.mark.parametrize("failure, reason", [
+    (Fallback("too_big_for_the_device"), "too_big_for_the_device"),  # the kernel declines the call
+    (OutOfMemoryError("out of memory allocating 8,388,608 bytes"), "device_memory"),  # the device is full
+])
+def test_a_gpu_kernel_that_cannot_finish_hands_the_call_to_the_cpu_kernel(gpu, cpu, monkeypatch, failure, reason):
     op = REGISTRY.get("coalesce")
 
-    def declines(be, **bound):
-        raise Fallback("too_big_for_the_device")
+    def fails(be, **bound):
+        raise failure
 
-    monkeypatch.setitem(op.kernels, "cuda", GpuKernel(declines, lambda **bound: None))
+    monkeypatch.setitem(op.kernels, "cuda", GpuKernel(fails, lambda **bound: None))
     st = sample()
     got = execute(gpu, "coalesce", {"sp_input": st})["output"]
     want = execute(cpu, "coalesce", {"sp_input": st})["output"]
     np.testing.assert_array_equal(got.indices, want.indices)
     np.testing.assert_array_equal(got.values, want.values)
-    assert fallbacks(gpu) == {("coalesce", "too_big_for_the_device"): 1.0}
-
-
-class OutOfMemoryError(Exception):
-    """What CuPy raises when device memory runs out (matched by name: CuPy is not imported here)."""
-
-
-def test_a_full_device_hands_the_call_to_the_cpu_kernel(gpu, cpu, monkeypatch):
-    op = REGISTRY.get("coalesce")
-
-    def device_full(be, **bound):
-        raise OutOfMemoryError("out of memory allocating 8,388,608 bytes")
-
-    monkeypatch.setitem(op.kernels, "cuda", GpuKernel(device_full, lambda **bound: None))
-    st = sample()
-    got = execute(gpu, "coalesce", {"sp_input": st})["output"]
-    np.testing.assert_array_equal(got.values, execute(cpu, "coalesce", {"sp_input": st})["output"].values)
-    assert fallbacks(gpu) == {("coalesce", "device_memory"): 1.0}
+    assert fallbacks(gpu) == {("coalesce", reason): 1.0}
 
 
 def test_a_call_the_gpu_kernel_does_not_support_gives_the_cpu_answer(gpu, cpu):

@@ -124,16 +124,17 @@ def _swaps_layout(t: SparseTensor, plan: _TransposePlan) -> str | None:
     return None
 
 
-def _permute_value_axes(values: np.ndarray, lead: int, dense_perm, swap_block: bool) -> np.ndarray:
+def _permute_value_axes(values, lead: int, dense_perm, swap_block: bool, xp=np):
     """``values`` with their dense axes (after ``lead`` leading axes, which include any block
-    axes) permuted by ``dense_perm`` and, for a block layout swap, the two block axes swapped."""
+    axes) permuted by ``dense_perm`` and, for a block layout swap, the two block axes swapped
+    (``xp``: numpy, or the GPU backend's array module)."""
     axes = list(range(lead))
     if swap_block:
         axes[-2], axes[-1] = axes[-1], axes[-2]
     axes += [lead + p for p in dense_perm]
     if axes == list(range(values.ndim)):
         return values
-    return np.ascontiguousarray(values.transpose(axes))
+    return xp.ascontiguousarray(xp.transpose(values, axes))
 
 
 def _transpose_compressed(t: SparseTensor, plan: _TransposePlan, layout: str) -> SparseTensor:
@@ -195,16 +196,6 @@ def _transpose_on_gpu(sp_input, perm=None, **_) -> str | None:
     return None
 
 
-def _permute_value_axes_gpu(xp, values, lead: int, dense_perm, swap_block: bool):
-    axes = list(range(lead))
-    if swap_block:
-        axes[-2], axes[-1] = axes[-1], axes[-2]
-    axes += [lead + p for p in dense_perm]
-    if axes == list(range(values.ndim)):
-        return values
-    return xp.ascontiguousarray(xp.transpose(values, axes))
-
-
 @REGISTRY.gpu("transpose", supports=_transpose_on_gpu)
 @_gpu.quiet
 def transpose_gpu(be, sp_input: SparseTensor, perm: list[int] | None = None) -> SparseTensor:
@@ -217,12 +208,12 @@ def transpose_gpu(be, sp_input: SparseTensor, perm: list[int] | None = None) -> 
         t = sp_input
         blocked = t.layout in BLOCK_LAYOUTS
         swap = layout != t.layout
-        values = _permute_value_axes_gpu(xp, t.values, t.batch_ndim + 1 + (2 if blocked else 0), dense_perm,
-                                         swap and blocked)
+        values = _permute_value_axes(t.values, t.batch_ndim + 1 + (2 if blocked else 0), dense_perm,
+                                     swap and blocked, xp)
         blocksize = (tuple(reversed(t.blocksize)) if swap else t.blocksize) if blocked else None
         return _gpu.compressed(layout, plan.out_shape, t.compressed_indices, t.plain_indices, values,
                                coalesced=t.coalesced, blocksize=blocksize)
-    values = _permute_value_axes_gpu(xp, sp_input.values, 1, dense_perm, False)
+    values = _permute_value_axes(sp_input.values, 1, dense_perm, False, xp)
     indices = xp.ascontiguousarray(sp_input.indices[:, list(plan.perm[:s])])
     indices, values = ka.reorder(xp, indices, values, plan.out_shape[:s])
     return _gpu.coo(plan.out_shape, indices, values, coalesced=sp_input.coalesced)
