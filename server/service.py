@@ -23,7 +23,7 @@ from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseSer
 
 from .argtypes import checked
 from .config import ServerConfig
-from .device import ArrayBackend, resolve_backend
+from .device import ArrayBackend, is_device_array, resolve_backend
 from .limits import check_argument_limits, check_deadline, check_tensor_limits, deadline_exceeded, seconds_left
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
@@ -44,7 +44,7 @@ def arguments_nbytes(values) -> int:
     for v in values:
         if isinstance(v, list):
             total += arguments_nbytes(v)
-        elif isinstance(v, (SparseTensor, np.ndarray)):
+        elif isinstance(v, (SparseTensor, np.ndarray)) or is_device_array(v):
             total += tensor_nbytes(v)
     return total
 
