@@ -102,17 +102,12 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
         except ValueError as exc:
             raise InvalidArgumentError(f"{name} is not a regular array: {exc}",
                                        reason="BAD_ARGUMENT_TYPE") from None
-    if is_device_array(value):  # a dense tensor the GPU backend keeps: checked when it was stored
-        layout = "dense"
-        if layout not in layouts:
-            raise UnimplementedError(f"{op} does not support layout dense for {name}; it accepts "
-                                     f"{', '.join(layouts)}", reason="UNSUPPORTED_LAYOUT")
-        return value
-    if not isinstance(value, (SparseTensor, np.ndarray)):
+    device_array = is_device_array(value)  # a dense tensor a GPU worker keeps: checked when stored
+    if not (device_array or isinstance(value, (SparseTensor, np.ndarray))):
         raise InvalidArgumentError(f"{name} must be a tensor, not {type(value).__name__}",
                                    reason="BAD_ARGUMENT_TYPE")
     # Validate first: a malformed tensor is INVALID_ARGUMENT whatever its layout.
-    if not (isinstance(value, SparseTensor) and value in _CHECKED):
+    if not (device_array or (isinstance(value, SparseTensor) and value in _CHECKED)):
         if isinstance(value, SparseTensor):
             check_sparse(value, name)
         else:
