@@ -189,11 +189,11 @@ class Service:
             return self._kept(await self.batcher.submit(op, resolved), keep, tenant)
         size = arguments_nbytes(resolved.values())
         if size >= INLINE_BYTES:
-            return self._kept(await self.run(self._execute_sync, op, resolved), keep, tenant)
+            return self._kept(await self.run(self._execute_sync, op, resolved, not keep), keep, tenant)
         # Small inputs: validate on the loop; the kernel too unless the op says its result is big.
         bound = await self.run(self._bind, op, resolved, nbytes=size)
         result = op.result_bytes(**bound) if op.result_bytes is not None else size
-        return self._kept(await self.run(self._compute, op, bound, nbytes=result), keep, tenant)
+        return self._kept(await self.run(self._compute, op, bound, not keep, nbytes=result), keep, tenant)
 
     async def execute_pipeline(self, raw_steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
                                keep: bool, tenant: str) -> list[tuple[str, Any]]:
@@ -208,8 +208,8 @@ class Service:
         steps, chosen = await self.run(plan_pipeline, self.registry, resolved, outputs)
         return self._kept(await self.run(run_steps, self, steps, chosen), keep, tenant)
 
-    def _execute_sync(self, op, args: dict[str, Any]) -> list[tuple[str, Any]]:
-        return self._compute(op, self._bind(op, args))
+    def _execute_sync(self, op, args: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
+        return self._compute(op, self._bind(op, args), to_host)
 
     def _bind(self, op, args: dict[str, Any]) -> dict[str, Any]:
         """Validated arguments, and the declared result size checked against the limit."""
@@ -223,8 +223,10 @@ class Service:
                     reason="RESULT_TOO_LARGE")
         return bound
 
-    def _compute(self, op, bound: dict[str, Any]) -> list[tuple[str, Any]]:
-        """(output name, value) pairs of one op call on validated arguments."""
+    def _compute(self, op, bound: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
+        """(output name, value) pairs of one op call on validated arguments; with ``to_host``,
+        a GPU worker's outputs copied to the host here, in the worker thread, rather than on the
+        event loop (``_kept`` copies only what is still on the device)."""
         try:
             results = op.run("cpu", bound) if self.backend is None else self.backend.run(op, bound)
         except SparseServeError:
@@ -237,6 +239,8 @@ class Service:
         outputs = [(out.name, value) for out, value in zip(op.outputs, results)]
         for name, value in outputs:
             check_tensor_limits(value, f"the {name} output of {op.name}", self.config)
+        if to_host:
+            outputs = [(name, self._on_host(value)) for name, value in outputs]
         return outputs
 
     def _kept(self, outputs: list[tuple[str, Any]], keep: bool, tenant: str) -> list[tuple[str, Any]]:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+import threading
 
 import httpx
 import numpy as np
@@ -156,6 +157,22 @@ def test_a_pipeline_keeps_intermediates_on_the_device_and_returns_host_outputs(g
 
 def cpu_dense_transposed(cpu, st):
     return execute(cpu, "to_dense", {"sp_input": execute(cpu, "transpose", {"sp_input": st})["output"]})["output"]
+
+
+def test_a_large_answer_leaves_the_device_in_a_kernel_thread_not_on_the_event_loop(gpu, monkeypatch):
+    big = sample(n=20_000)  # past INLINE_BYTES: the work runs in the kernel pool
+    copied_in = []
+    to_host = gpu.backend.to_host
+
+    def recording_to_host(value):
+        if isinstance(value, DeviceTensor):
+            copied_in.append(threading.current_thread().name)
+        return to_host(value)
+
+    monkeypatch.setattr(gpu.backend, "to_host", recording_to_host)
+    out = execute(gpu, "coalesce", {"sp_input": big})["output"]
+    assert type(out) is SparseTensor
+    assert copied_in and all(name.startswith("sparseserve-kernel") for name in copied_in), copied_in
 
 
 def test_a_device_handle_is_never_merged_into_a_batch(gpu):
