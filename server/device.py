@@ -20,6 +20,7 @@ device arrays (dense) until a client fetches them; the store counts their device
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -173,6 +174,28 @@ class ArrayBackend:
 
     def _host_array(self, a) -> np.ndarray:
         return a.get() if is_device_array(a) else np.asarray(a)
+
+    # ------------------------------------------------------------ warm-up
+    def warm_up(self, registry) -> None:
+        """The common GPU calls once per float dtype on a tiny matrix, so that CuPy compiles its
+        kernels (or loads them from CUPY_CACHE_DIR) before the first request rather than in it."""
+        for dtype in (np.float32, np.float64):
+            coo = SparseTensor(indices=[[1, 0], [0, 1], [1, 0]], values=np.arange(1, 4, dtype=dtype),
+                               dense_shape=[2, 2])
+            call = functools.partial(self._warm_call, registry)
+            coalesced = call("coalesce", sp_input=coo)
+            csr = call("convert", sp_input=coalesced, layout="csr")
+            call("reorder", sp_input=coo)
+            call("to_dense", sp_input=coalesced)
+            call("transpose", sp_input=coo)
+            call("reduce_sum", sp_input=coo, axis=1)
+            call("matmul", a=csr, b=np.ones(2, dtype))
+            call("matmul", a=csr, b=np.ones((2, 2), dtype))
+            call("matmul", a=csr, b=csr)
+
+    def _warm_call(self, registry, name: str, **args) -> Any:
+        op = registry.get(name)
+        return self.to_host(self.run(op, op.bind(args))[0])
 
     # ------------------------------------------------------------ dispatch
     def run(self, op, bound: dict[str, Any]) -> tuple[Any, ...]:

@@ -168,10 +168,13 @@ class Service:
             future.exception()  # read, so an abandoned call's error is not logged as never retrieved
 
     def warm_up(self) -> None:
-        """Compile (or load from numba's disk cache) every kernel, then report ready."""
+        """Compile (or load from numba's disk cache) every kernel, and on a GPU worker the GPU
+        kernels' CuPy code too, then report ready."""
         from sparseserve import kernels
 
-        kernels.warm_up()
+        kernels.warm_up()  # a GPU worker falls back to them
+        if self.backend is not None:
+            self.backend.warm_up(self.registry)
         self.ready = True
 
     def close(self) -> None:

@@ -183,6 +183,16 @@ def test_a_device_handle_is_never_merged_into_a_batch(gpu):
     assert batch_key(op, on_device) is None
 
 
+def test_warm_up_runs_the_common_calls_on_the_gpu_kernels(gpu, monkeypatch):
+    ran = []
+    run = gpu.backend.run
+    monkeypatch.setattr(gpu.backend, "run", lambda op, bound: ran.append(op.name) or run(op, bound))
+    gpu.warm_up()
+    assert gpu.ready
+    assert {"coalesce", "convert", "reorder", "to_dense", "transpose", "reduce_sum", "matmul"} <= set(ran)
+    assert not fallbacks(gpu), "every warm-up call takes the GPU path"
+
+
 def test_device_cuda_without_a_gpu_stops_with_a_clear_message():
     try:
         ArrayBackend.cupy()
