@@ -4,6 +4,8 @@ code and reason, and that the server then still answers a valid call correctly."
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import httpx
 import numpy as np
@@ -11,7 +13,12 @@ import pytest
 
 from sparseserve import Client, SparseTensor
 from sparseserve._json import tensor_to_json as json_tensor
+from sparseserve._tensor import HandleRef
 from sparseserve.errors import SparseServeError
+from sparseserve.server.config import ServerConfig
+from sparseserve.server.device import ArrayBackend
+from sparseserve.server.ops import REGISTRY
+from sparseserve.server.service import Service
 
 from conftest import WIRES, ServerProcess, make_client
 
@@ -143,6 +150,39 @@ def test_hostile_call_gets_its_exact_error_and_the_server_keeps_serving(srv, wir
         assert (info.value.code, info.value.reason) == (code, reason), info.value
         assert info.value.request_id
     still_answers(srv)
+
+
+@pytest.fixture(scope="module")
+def gpu_worker():
+    """A GPU worker's service in process, numpy standing in for CuPy, with the same limits."""
+    config = ServerConfig(**{flag[2:].replace("-", "_"): value for flag, value in LIMITS.items()})
+    service = Service(config, REGISTRY, backend=ArrayBackend.numpy_stand_in())
+    yield service
+    service.close()
+
+
+def _as_handles(service: Service, value):
+    """``value`` with each tensor the store accepts replaced by its handle (held in device memory)."""
+    if isinstance(value, list):
+        return [_as_handles(service, v) for v in value]
+    if not isinstance(value, SparseTensor):
+        return value
+    try:
+        return HandleRef(asyncio.run(service.put(value, ""))[0])
+    except SparseServeError:  # an invalid tensor: it stays an inline argument
+        return value
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["inline", "device-handles"])
+@pytest.mark.parametrize("case, op, args, code, reason", CASES, ids=[c[0] for c in CASES])
+def test_a_gpu_worker_refuses_each_hostile_call_as_the_cpu_does(gpu_worker, held, case, op, args, code, reason):
+    """The GPU backend's dispatch (its supports checks, its kernels) gives the exact code and
+    reason the CPU kernels give, whether the tensors come inline or from device-held handles."""
+    if held:
+        args = {name: _as_handles(gpu_worker, value) for name, value in args.items()}
+    with pytest.raises(SparseServeError) as info:
+        asyncio.run(gpu_worker.execute(op, args, False, ""))
+    assert (info.value.code, info.value.reason) == (code, reason), info.value
 
 
 def test_limit_errors_name_the_limit_and_the_asked_size(srv):
