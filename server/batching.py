@@ -164,7 +164,8 @@ class Batcher:
         tensors = [c.tensor for c in calls]
         bound = dict(calls[0].bound)
         bound[arg] = merge_coo(tensors, shape)
-        outputs = self.service._compute(op, bound)
+        # Split on the host: a GPU worker's outputs come back from the device first.
+        outputs = self.service._compute(op, bound, to_host=True)
         split = [(name, split_coo(value, tensors, op.name)) for name, value in outputs]
         return [[(name, parts[i]) for name, parts in split] for i in range(len(calls))]
 

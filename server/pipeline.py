@@ -110,10 +110,11 @@ def _substitute(value: Any, results: dict[str, Any]) -> Any:
     return value
 
 
-def run_steps(service, steps: list[Step], chosen: list[str]) -> list[tuple[str, Any]]:
-    """Run the planned steps in order (in a kernel-pool thread); the chosen outputs by name.
-    Intermediate results live only here and are dropped once the request ends, or once the
-    caller's deadline passes: it is checked before each step."""
+def run_steps(service, steps: list[Step], chosen: list[str], to_host: bool = False) -> list[tuple[str, Any]]:
+    """Run the planned steps in order (in a kernel-pool thread); the chosen outputs by name
+    (with ``to_host``, a GPU worker's copied to the host here). Intermediate results live only
+    here and are dropped once the request ends, or once the caller's deadline passes: it is
+    checked before each step."""
     results: dict[str, Any] = {}
     for step in steps:
         check_deadline(f"before pipeline step {step.name!r}")
@@ -123,4 +124,6 @@ def run_steps(service, steps: list[Step], chosen: list[str]) -> list[tuple[str, 
         except SparseServeError as err:
             raise _step_error(step.name, err) from None
         results.update({f"{step.name}.{name}": value for name, value in outputs})
+    if to_host:
+        return [(name, service._on_host(results[name])) for name in chosen]
     return [(name, results[name]) for name in chosen]

@@ -209,7 +209,7 @@ class Service:
                 check_argument_limits(self.registry.get(op_name), args, self.config)
             resolved.append((name, op_name, args))
         steps, chosen = await self.run(plan_pipeline, self.registry, resolved, outputs)
-        return self._kept(await self.run(run_steps, self, steps, chosen), keep, tenant)
+        return self._kept(await self.run(run_steps, self, steps, chosen, not keep), keep, tenant)
 
     def _execute_sync(self, op, args: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
         return self._compute(op, self._bind(op, args), to_host)

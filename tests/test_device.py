@@ -183,6 +183,30 @@ def test_a_device_handle_is_never_merged_into_a_batch(gpu):
     assert batch_key(op, on_device) is None
 
 
+def test_a_merged_batch_on_a_gpu_worker_is_split_on_the_host_and_equals_single_calls(backend, cpu, monkeypatch):
+    from sparseserve.server import batching
+
+    service = Service(ServerConfig(batch_window_ms=50, max_batch=4), REGISTRY, backend=backend)
+    split_inputs = []
+    split = batching.split_coo
+    monkeypatch.setattr(batching, "split_coo", lambda value, *a: split_inputs.append(type(value)) or split(value, *a))
+    tensors = [sample(n=30, seed=seed) for seed in range(4)]
+
+    async def together():
+        return await asyncio.gather(*(service.execute("coalesce", {"sp_input": t}, False, "") for t in tensors))
+
+    try:
+        answers = asyncio.run(together())
+    finally:
+        service.close()
+    assert service.batcher.merged_batches == 1 and split_inputs == [SparseTensor]
+    for t, answer in zip(tensors, answers):
+        got, want = dict(answer)["output"], execute(cpu, "coalesce", {"sp_input": t})["output"]
+        assert type(got) is SparseTensor
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_allclose(got.values, want.values, rtol=1e-12)
+
+
 def test_warm_up_runs_the_common_calls_on_the_gpu_kernels(gpu, monkeypatch):
     ran = []
     run = gpu.backend.run
