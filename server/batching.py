@@ -156,7 +156,7 @@ class Batcher:
     async def _alone(self, op, bound: dict[str, Any]) -> list[tuple[str, Any]]:
         service = self.service
         size = arguments_nbytes(bound.values())
-        result = op.result_bytes(**bound) if op.result_bytes is not None else size
+        result = service.result_bytes(op, bound, size)
         return await service.run(service._compute, op, bound, nbytes=result)
 
     def _run_merged(self, op, arg: str, calls: list["_Call"], shape: tuple[int, ...]):

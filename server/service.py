@@ -195,7 +195,7 @@ class Service:
             return self._kept(await self.run(self._execute_sync, op, resolved, not keep), keep, tenant)
         # Small inputs: validate on the loop; the kernel too unless the op says its result is big.
         bound = await self.run(self._bind, op, resolved, nbytes=size)
-        result = op.result_bytes(**bound) if op.result_bytes is not None else size
+        result = self.result_bytes(op, bound, size)
         return self._kept(await self.run(self._compute, op, bound, not keep, nbytes=result), keep, tenant)
 
     async def execute_pipeline(self, raw_steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
@@ -218,13 +218,26 @@ class Service:
         """Validated arguments, and the declared result size checked against the limit."""
         bound = op.bind(args)
         if op.result_bytes is not None:
-            need = op.result_bytes(**bound)
+            need = self.result_bytes(op, bound)
             if need > self.config.max_result_bytes:
                 raise ResourceExhaustedError(
                     f"{op.name} would produce {need} bytes, over the result limit of "
                     f"{self.config.max_result_bytes} bytes (--max-result-bytes)",
                     reason="RESULT_TOO_LARGE")
         return bound
+
+    def result_bytes(self, op, bound: dict[str, Any], otherwise: int = 0) -> int:
+        """The op's declared result size (``otherwise`` when it declares none). Some estimates
+        count entries with numpy; CuPy refuses to hand numpy a device array (TypeError), and
+        then the estimate reads a host copy of the arguments: a copy, never a skipped check."""
+        if op.result_bytes is None:
+            return otherwise
+        try:
+            return op.result_bytes(**bound)
+        except TypeError:
+            if self.backend is None:
+                raise
+            return op.result_bytes(**{name: self.backend.to_host(value) for name, value in bound.items()})
 
     def _compute(self, op, bound: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
         """(output name, value) pairs of one op call on validated arguments; with ``to_host``,

@@ -8,6 +8,7 @@ every test here runs on CuPy as well."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from sparseserve import Client, SparseTensor
 from sparseserve._tensor import HandleRef, OutputRef
+from sparseserve.errors import ResourceExhaustedError
 from sparseserve.server.batching import batch_key
 from sparseserve.server.config import ServerConfig
 from sparseserve.server.device import ArrayBackend, DeviceTensor, Fallback, GpuKernel, GpuUnavailable
@@ -157,6 +159,30 @@ def test_a_pipeline_keeps_intermediates_on_the_device_and_returns_host_outputs(g
 
 def cpu_dense_transposed(cpu, st):
     return execute(cpu, "to_dense", {"sp_input": execute(cpu, "transpose", {"sp_input": st})["output"]})["output"]
+
+
+def test_a_result_size_estimate_that_cannot_read_device_arrays_reads_a_host_copy(gpu, cpu, monkeypatch):
+    # CuPy raises TypeError when numpy is handed a device array; fill_empty_rows' estimate counts
+    # rows with numpy. Here the estimate refuses DeviceTensors as CuPy's arrays would.
+    op = REGISTRY.get("fill_empty_rows")
+    estimate = op.result_bytes
+
+    def refuses_device_arrays(sp_input, **rest):
+        if isinstance(sp_input, DeviceTensor):
+            raise TypeError("Implicit conversion to a NumPy array is not allowed")
+        return estimate(sp_input=sp_input, **rest)
+
+    monkeypatch.setitem(REGISTRY.ops, "fill_empty_rows", dataclasses.replace(op, result_bytes=refuses_device_arrays))
+    h = execute(gpu, "coalesce", {"sp_input": sample()}, keep=True)["output"]
+    got = execute(gpu, "fill_empty_rows", {"sp_input": h, "default_value": 0.0})
+    want = execute(cpu, "fill_empty_rows", {"sp_input": gpu.get(h.handle, ""), "default_value": 0.0})
+    np.testing.assert_array_equal(got["output"].indices, want["output"].indices)
+    np.testing.assert_array_equal(got["empty_row_indicator"], want["empty_row_indicator"])
+    small = gpu.config.__class__(max_result_bytes=16)
+    monkeypatch.setattr(gpu, "config", small)
+    with pytest.raises(ResourceExhaustedError) as info:  # the check still runs, on the host copy
+        execute(gpu, "fill_empty_rows", {"sp_input": h, "default_value": 0.0})
+    assert info.value.reason == "RESULT_TOO_LARGE"
 
 
 def test_a_large_answer_leaves_the_device_in_a_kernel_thread_not_on_the_event_loop(gpu, monkeypatch):
