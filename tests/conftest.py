@@ -20,7 +20,7 @@ class ServerProcess:
     """``sparseserve serve`` in a child process; ports are read from its "listening" line."""
 
     def __init__(self, *flags: str, env: dict[str, str] | None = None, wait_ready: bool = True,
-                 timeout: float = 240.0):
+                 timeout: float = 480.0):  # the first server of a fresh clone compiles every kernel (~3 min)
         cmd = [sys.executable, "-m", "sparseserve.cli", "serve", "--grpc-port", "0", "--http-port", "0",
                "--log-level", "warning", *flags]
         self.events: list[dict] = []
@@ -30,13 +30,18 @@ class ServerProcess:
                                      env={**os.environ, **(env or {})}, cwd=ROOT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        listening = self.wait_for("listening", timeout)
-        self.grpc_port = listening["grpc_port"]
-        self.http_port = listening["http_port"]
-        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
-        self.http_url = f"http://127.0.0.1:{self.http_port}"
-        if wait_ready:
-            self.wait_for("ready", timeout)
+        try:
+            listening = self.wait_for("listening", timeout)
+            self.grpc_port = listening["grpc_port"]
+            self.http_port = listening["http_port"]
+            self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+            self.http_url = f"http://127.0.0.1:{self.http_port}"
+            if wait_ready:
+                self.wait_for("ready", timeout)
+        except BaseException:  # a server that never got ready must not outlive the test run
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _read(self):
         for line in self.proc.stdout:
