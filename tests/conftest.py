@@ -77,6 +77,20 @@ class ServerProcess:
         return self.proc.returncode
 
 
+@pytest.fixture(params=["numpy-stand-in", "cupy"])
+def array_backend(request):
+    """The GPU backend twice: numpy and scipy.sparse standing in for CuPy (always), and CuPy
+    itself, which skips with the reason where CuPy or a GPU is missing."""
+    from sparseserve.server.device import ArrayBackend, GpuUnavailable
+
+    if request.param == "numpy-stand-in":
+        return ArrayBackend.numpy_stand_in()
+    try:
+        return ArrayBackend.cupy()
+    except GpuUnavailable as exc:
+        pytest.skip(f"no CuPy GPU backend here: {exc}")
+
+
 @pytest.fixture(scope="session")
 def server():
     srv = ServerProcess()

@@ -30,21 +30,9 @@ from sparseserve.server.service import Service
 from conftest import ServerProcess
 
 
-def _cupy_backend() -> ArrayBackend:
-    try:
-        return ArrayBackend.cupy()
-    except GpuUnavailable as exc:
-        pytest.skip(f"no CuPy GPU backend here: {exc}")
-
-
-@pytest.fixture(params=["numpy-stand-in", "cupy"])
-def backend(request) -> ArrayBackend:
-    return ArrayBackend.numpy_stand_in() if request.param == "numpy-stand-in" else _cupy_backend()
-
-
 @pytest.fixture
-def gpu(backend):
-    service = Service(ServerConfig(batch_window_ms=0), REGISTRY, backend=backend)
+def gpu(array_backend):
+    service = Service(ServerConfig(batch_window_ms=0), REGISTRY, backend=array_backend)
     yield service
     service.close()
 
@@ -209,10 +197,10 @@ def test_a_device_handle_is_never_merged_into_a_batch(gpu):
     assert batch_key(op, on_device) is None
 
 
-def test_a_merged_batch_on_a_gpu_worker_is_split_on_the_host_and_equals_single_calls(backend, cpu, monkeypatch):
+def test_a_merged_batch_on_a_gpu_worker_is_split_on_the_host_and_equals_single_calls(array_backend, cpu, monkeypatch):
     from sparseserve.server import batching
 
-    service = Service(ServerConfig(batch_window_ms=50, max_batch=4), REGISTRY, backend=backend)
+    service = Service(ServerConfig(batch_window_ms=50, max_batch=4), REGISTRY, backend=array_backend)
     split_inputs = []
     split = batching.split_coo
     monkeypatch.setattr(batching, "split_coo", lambda value, *a: split_inputs.append(type(value)) or split(value, *a))
