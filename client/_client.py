@@ -299,10 +299,15 @@ class Client(_Base):
         return self._method(op, lambda *a, keep=False, request_id=None, **k:
                             self.call(name, *a, keep=keep, request_id=request_id, **k))
 
-    def put(self, tensor: Any, *, shared_memory: bool = False) -> RemoteTensor:
+    def put(self, tensor: Any, *, shared_memory: bool = False, partitions: int = 0) -> RemoteTensor:
         """Keep a tensor on the server (any size: gRPC streams it in chunks). ``shared_memory``:
-        hand it over through a shared-memory segment (gRPC, server on this host)."""
+        hand it over through a shared-memory segment (gRPC, server on this host).
+        ``partitions``: cut it into that many row blocks held by the Dask workers of a server
+        started with --dask-scheduler; the handle is used like any other."""
         tensor = as_tensor(tensor)
+        if shared_memory and partitions:
+            raise ValueError("put: partitions goes over the network to the Dask workers; "
+                             "leave shared_memory off")
         if shared_memory:
             from . import _shm
 
@@ -311,11 +316,12 @@ class Client(_Base):
             rid, metadata = self._call_ids(None)
             try:
                 reply = self._raw.upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
-                                          metadata=metadata)
+                                          metadata=_wire.upload_metadata(metadata, partitions))
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc, rid) from None
             return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
-        body = self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding, streamed=True)).json()
+        body = self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding, streamed=True,
+                                                                       partitions=partitions)).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
     def get(self, handle: HandleRef | str, *, shared_memory: bool = False) -> Any:
@@ -457,17 +463,18 @@ class AsyncClient(_Base):
 
         return self._method(op, method)
 
-    async def put(self, tensor: Any) -> RemoteTensor:
+    async def put(self, tensor: Any, *, partitions: int = 0) -> RemoteTensor:
         tensor = as_tensor(tensor)
         if self.wire == "grpc":
             rid, metadata = self._call_ids(None)
             try:
                 reply = await self._raw.upload(iter_chunks(tensor, self.chunk_bytes), timeout=self.timeout,
-                                                metadata=metadata)
+                                                metadata=_wire.upload_metadata(metadata, partitions))
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc, rid) from None
             return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=self)
-        body = (await self._http_call("POST", "/v1/tensors", **_wire.rest_put(tensor, self.encoding))).json()
+        body = (await self._http_call("POST", "/v1/tensors",
+                                      **_wire.rest_put(tensor, self.encoding, partitions=partitions))).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
     async def get(self, handle: HandleRef | str) -> Any:

@@ -23,6 +23,8 @@ PROTOBUF = "application/x-protobuf"
 REQUEST_ID_KEY = "x-request-id"
 # The HTTP header of the caller's timeout, in seconds (gRPC has its own deadline).
 TIMEOUT_KEY = "x-request-timeout"
+# Upload's gRPC metadata key (REST: the query parameter "partitions") asking for a partitioned put.
+PARTITIONS_KEY = "x-partitions"
 _HTTP_TO_CODE = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED",
                  403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED",
                  429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
@@ -124,10 +126,11 @@ def rest_outputs(content: bytes, encoding: str) -> list[tuple[str, Any]]:
     return outputs_from_json(json.loads(content))
 
 
-def rest_put(tensor: Any, encoding: str, *, streamed: bool = False) -> dict[str, Any]:
+def rest_put(tensor: Any, encoding: str, *, streamed: bool = False, partitions: int = 0) -> dict[str, Any]:
     """The httpx request arguments of ``POST /v1/tensors``. ``streamed``: a protobuf body goes
     as its pieces (the arrays' own memory, no joined copy) with its Content-Length."""
     headers = {"accept": "application/json"}
+    params = {"partitions": str(partitions)} if partitions else None
     if encoding == "protobuf":
         pieces = tensor_pieces(tensor)
         headers |= {"content-type": PROTOBUF, "content-length": str(sum(len(p) for p in pieces))}
@@ -135,7 +138,12 @@ def rest_put(tensor: Any, encoding: str, *, streamed: bool = False) -> dict[str,
     else:
         content = json.dumps(tensor_to_json(tensor)).encode()
         headers["content-type"] = "application/json"
-    return {"content": content, "headers": headers}
+    return {"content": content, "headers": headers, "params": params}
+
+
+def upload_metadata(metadata: tuple, partitions: int) -> tuple:
+    """Upload's gRPC metadata, with the partitions asked for."""
+    return (*metadata, (PARTITIONS_KEY, str(partitions))) if partitions else metadata
 
 
 def iter_slices(pieces: list, size: int = 4 << 20) -> Iterator:

@@ -46,6 +46,10 @@ class SparseServeError(Exception):
     def __str__(self) -> str:
         return f"{self.code} [{self.reason}]: {self.message}"
 
+    def __reduce__(self):
+        # Pickled with its reason (and any per-instance status): Dask workers raise these.
+        return (type(self), (self.message,), self.__dict__)
+
     def to_json(self) -> dict:
         body = {"code": self.code, "reason": self.reason, "message": self.message}
         if self.request_id:

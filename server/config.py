@@ -40,6 +40,9 @@ class ServerConfig:
     log_level: str = "info"
     tls_cert: str | None = None
     tls_key: str | None = None
+    dask_scheduler: str | None = None  # None: no scale-out, Dask not imported
+    distribute_above_bytes: int = 1 * GiB  # 0: only put(partitions=N) partitions
+    dask_store_bytes: int = 0  # 0: the Dask workers' memory limits added up
 
     def tokens(self) -> dict[str, str]:
         """token -> tenant name. Empty: no authentication."""
@@ -87,6 +90,13 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "log_level": (str, "debug, info, warning or error"),
     "tls_cert": (str, "PEM certificate (chain) file; with --tls-key, gRPC serves TLS and REST HTTPS only"),
     "tls_key": (str, "PEM private key file of --tls-cert"),
+    "dask_scheduler": (str, "address of a Dask scheduler (tcp://HOST:PORT): partitioned tensors live on its "
+                            "workers, and replicas on the same scheduler share their handles"),
+    "distribute_above_bytes": (int, "with --dask-scheduler, a tensor stored (put, or an op's kept result) "
+                                    "bigger than this is partitioned across the Dask workers (0: only "
+                                    "when put asks for partitions)"),
+    "dask_store_bytes": (int, "byte budget of the partitioned tensors this replica made; least recently "
+                              "used out first (0: the Dask workers' memory limits added up)"),
 }
 
 
@@ -129,7 +139,7 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("tenant_store_bytes", "max_concurrency", "max_queue", "workers", "shutdown_grace",
-                 "batch_window_ms"):
+                 "batch_window_ms", "distribute_above_bytes", "dask_store_bytes"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
     _check_tls(parser, ns)

@@ -16,14 +16,14 @@ from sparseserve._codec import ChunkAssembler, iter_chunks, value_to_pb
 from sparseserve._frames import (MessageAssembler, execute_request_from_bytes, message_frames, outputs_pieces,
                                 outputs_to_bytes)
 from sparseserve._client import GRPC_WINDOW_OPTIONS
-from sparseserve._wire import REQUEST_ID_KEY, pipeline_from_pb
+from sparseserve._wire import PARTITIONS_KEY, REQUEST_ID_KEY, pipeline_from_pb
 from sparseserve.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, InternalError, SparseServeError
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
 from .limits import deadline_from_remaining, seconds_left
 from .metrics import Metrics, RequestInfo, count_sent, current
-from .service import Service, arguments_nbytes
+from .service import Service, arguments_nbytes, partitions_from_text
 from .store import STORE_LIMIT, STORE_REASON
 
 __all__ = ["create_grpc_server", "catalogue_to_pb"]
@@ -125,19 +125,20 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
     async def Upload(self, request_iterator: AsyncIterator[bytes], context) -> pb.Handle:
         async def run():
             tenant = _tenant(self.service, context)
-            assembler = ChunkAssembler("tensor", max_bytes=self.service.store.budget_bytes,
+            partitions = partitions_from_text(_metadata_value(context, PARTITIONS_KEY), f"{PARTITIONS_KEY} metadata")
+            assembler = ChunkAssembler("tensor", max_bytes=self.service.upload_budget(),
                                        limit=STORE_LIMIT, reason=STORE_REASON)
             async for frame in request_iterator:
                 assembler.add(frame)
             tensor = assembler.finish()
-            handle, nbytes = await self.service.put(tensor, tenant)
+            handle, nbytes = await self.service.put(tensor, tenant, partitions)
             return pb.Handle(handle=handle, nbytes=nbytes)
 
         return await self._guard(context, run())
 
     async def Download(self, request: pb.Handle, context):
         try:
-            tensor = self.service.get(request.handle, _tenant(self.service, context))
+            tensor = await self.service.get(request.handle, _tenant(self.service, context))
         except SparseServeError as err:
             await _abort(context, err)
             return
@@ -164,14 +165,14 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
 
     async def GetShared(self, request: pb.Handle, context) -> pb.SharedTensor:
         async def run():
-            tensor = self.service.get(request.handle, _tenant(self.service, context))
+            tensor = await self.service.get(request.handle, _tenant(self.service, context))
             return await self.service.run(self.service.shared.export, tensor)
 
         return await self._guard(context, run())
 
     async def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
         async def run():
-            self.service.delete(request.handle, _tenant(self.service, context))
+            await self.service.delete(request.handle, _tenant(self.service, context))
             return pb.DeleteResponse(deleted=True)
 
         return await self._guard(context, run())

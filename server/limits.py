@@ -20,7 +20,7 @@ from .config import ServerConfig
 from .metrics import current
 
 __all__ = ["deadline_from_timeout", "deadline_from_remaining", "seconds_left", "check_deadline", "deadline_exceeded",
-           "check_tensor_limits", "check_argument_limits"]
+           "check_tensor_limits", "check_argument_limits", "check_result_bytes"]
 
 # A timeout longer than this is no timeout worth tracking (and keeps the arithmetic finite).
 _LONGEST_TIMEOUT = 30 * 24 * 3600.0
@@ -104,3 +104,10 @@ def _tensors(value: Any) -> Iterable[tuple[int | None, Any]]:
     if isinstance(value, list):
         return ((i, v) for i, v in enumerate(value) if isinstance(v, (SparseTensor, np.ndarray)))
     return ((None, value),)
+
+
+def check_result_bytes(op, need: int, limit: int) -> None:
+    """An op's declared result size against --max-result-bytes, before its kernel allocates it."""
+    if need > limit:
+        raise ResourceExhaustedError(f"{op.name} would produce {need} bytes, over the result limit of "
+                                     f"{limit} bytes (--max-result-bytes)", reason="RESULT_TOO_LARGE")

@@ -54,7 +54,8 @@ class OpDef:
     args: tuple[Arg, ...]
     outputs: tuple[Output, ...]
     # "cpu" -> function(**bound_args) returning one output or a tuple in declared order;
-    # "cuda" -> a GpuKernel (Registry.gpu), when the op has one.
+    # "cuda" -> a GpuKernel (Registry.gpu), when the op has one;
+    # "dask" -> its plan for partitioned tensors (Registry.partitioned), when it has one.
     kernels: dict[str, Any]
     # Optional: bytes of the result computed from the bound arguments, checked
     # against --max-result-bytes before the kernel allocates anything.
@@ -134,6 +135,14 @@ class Registry:
             return fn
 
         return register
+
+    def partitioned(self, name: str, plan: Any) -> None:
+        """How the declared op ``name`` runs on a tensor cut into row blocks across Dask workers
+        (a plan of ``server/partition.py``). Ops without one gather such tensors first."""
+        op = self.ops[name]
+        if "dask" in op.kernels:
+            raise ValueError(f"op {name!r} has two partitioned plans")
+        op.kernels["dask"] = plan
 
     def get(self, name: str) -> OpDef:
         try:

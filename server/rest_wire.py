@@ -28,7 +28,7 @@ from sparseserve.v1 import sparseserve_pb2 as pb
 from .limits import deadline_from_timeout
 from .metrics import CONTENT_TYPE_LATEST, current
 from .registry import OpDef
-from .service import Service, arguments_nbytes
+from .service import Service, arguments_nbytes, partitions_from_text
 
 __all__ = ["create_app", "PROTOBUF"]
 
@@ -284,12 +284,14 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/v1/tensors", tags=["tensors"])
     async def put_tensor(request: Request):
-        """Store a tensor (JSON tensor or protobuf `Tensor`) and return its handle."""
+        """Store a tensor (JSON tensor or protobuf `Tensor`) and return its handle. `?partitions=N`
+        (a server with --dask-scheduler): cut it into N row blocks on the Dask workers."""
         tenant = service.tenant_for(request.headers.get("authorization"))
         body = await _read_body(request, service)
         decode = _decode_pb_tensor if _is_protobuf_body(request) else _decode_json_tensor
+        partitions = partitions_from_text(request.query_params.get("partitions"), "the partitions query parameter")
         tensor = await service.run(decode, body, service.config.max_json_depth)
-        handle, nbytes = await service.put(tensor, tenant)
+        handle, nbytes = await service.put(tensor, tenant, partitions)
         if _wants_protobuf(request):
             return Response(pb.Handle(handle=handle, nbytes=nbytes).SerializeToString(), media_type=PROTOBUF)
         return {"handle": handle, "nbytes": nbytes}
@@ -297,7 +299,7 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/v1/tensors/{handle}", tags=["tensors"])
     async def get_tensor(handle: str, request: Request):
         """Fetch a stored tensor (JSON, or protobuf `Tensor` with `Accept: application/x-protobuf`)."""
-        tensor = service.get(handle, service.tenant_for(request.headers.get("authorization")))
+        tensor = await service.get(handle, service.tenant_for(request.headers.get("authorization")))
         if _wants_protobuf(request):
             # The message streams as its pieces, the arrays straight from the store's memory.
             pieces = await service.run(tensor_pieces, tensor)
@@ -307,7 +309,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.delete("/v1/tensors/{handle}", tags=["tensors"])
     async def delete_tensor(handle: str, request: Request):
-        service.delete(handle, service.tenant_for(request.headers.get("authorization")))
+        await service.delete(handle, service.tenant_for(request.headers.get("authorization")))
         return {"deleted": True}
 
     @app.post("/v1/pipelines", tags=["pipelines"], openapi_extra=_PIPELINE_BODY)

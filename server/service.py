@@ -18,24 +18,47 @@ from typing import Any, Callable
 import numpy as np
 
 from sparseserve._tensor import HandleRef, SparseTensor
-from sparseserve.errors import (InternalError, ResourceExhaustedError, SparseServeError,
-                                UnauthenticatedError, UnavailableError)
+from sparseserve.errors import (InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
+                                SparseServeError, UnauthenticatedError, UnavailableError, UnimplementedError)
 
 from .argtypes import checked
 from .config import ServerConfig
 from .device import ArrayBackend, is_device_array, resolve_backend
-from .limits import check_argument_limits, check_deadline, check_tensor_limits, deadline_exceeded, seconds_left
+from .limits import check_argument_limits, check_deadline, check_result_bytes, check_tensor_limits, deadline_exceeded, seconds_left
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
 from .store import HandleStore, tensor_nbytes
 
-__all__ = ["Service", "arguments_nbytes", "INLINE_BYTES"]
+__all__ = ["Service", "arguments_nbytes", "check_partitions", "partitions_from_text", "INLINE_BYTES", "MAX_PARTITIONS"]
 
 log = logging.getLogger("sparseserve.server")
 
 # Work on less than this many bytes runs on the event loop (see ``Service.run``).
 INLINE_BYTES = 64 << 10
+
+
+# Blocks one put may ask for: more would be scheduler load, not parallelism.
+MAX_PARTITIONS = 4096
+
+
+def check_partitions(partitions: Any) -> int:
+    """``partitions`` of a put: 0 (not partitioned) up to MAX_PARTITIONS."""
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or not 0 <= partitions <= MAX_PARTITIONS:
+        raise InvalidArgumentError(f"partitions must be an integer from 0 (not partitioned) to {MAX_PARTITIONS}, "
+                                   f"not {partitions!r}", reason="BAD_PARTITIONS")
+    return partitions
+
+
+def partitions_from_text(value: str | None, source: str) -> int:
+    """The partitions a wire carries as text (absent: 0)."""
+    if value is None:
+        return 0
+    try:
+        return check_partitions(int(value))
+    except ValueError:
+        raise InvalidArgumentError(f"{source} must be an integer, not {value[:40]!r}",
+                                   reason="BAD_PARTITIONS") from None
 
 
 def arguments_nbytes(values) -> int:
@@ -76,6 +99,11 @@ class Service:
         self.metrics = Metrics(self)
         if self.backend is not None:
             self.backend.on_fallback = self.metrics.count_fallback
+        self.cluster = None  # partitioned tensors on Dask (server/cluster.py), with --dask-scheduler
+        if config.dask_scheduler:
+            from .cluster import Cluster
+
+            self.cluster = Cluster(config, config.store_ttl)
 
     @property
     def shared(self):
@@ -181,22 +209,29 @@ class Service:
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._shared is not None:
             self._shared.close()
+        if self.cluster is not None:
+            self.cluster.close()
 
     # ------------------------------------------------------------------ ops
     async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
         name_op(op_name, self.registry.ops)
         op = self.registry.get(op_name)
-        resolved = {name: self._resolve(value, tenant) for name, value in args.items()}
+        resolved = {name: await self._resolve(value, tenant) for name, value in args.items()}
         check_argument_limits(op, resolved, self.config)
+        if self._partitioned(resolved.values()):
+            answer = await self.run(self.cluster.execute, op, resolved, keep, tenant)
+            if not isinstance(answer, list):  # no plan for this call: its arguments were gathered
+                return await self._kept(await self.run(self._execute_sync, op, answer.args, not keep), keep, tenant)
+            return await self._kept(answer, keep, tenant)
         if self.batcher is not None and op.batchable:
-            return self._kept(await self.batcher.submit(op, resolved), keep, tenant)
+            return await self._kept(await self.batcher.submit(op, resolved), keep, tenant)
         size = arguments_nbytes(resolved.values())
         if size >= INLINE_BYTES:
-            return self._kept(await self.run(self._execute_sync, op, resolved, not keep), keep, tenant)
+            return await self._kept(await self.run(self._execute_sync, op, resolved, not keep), keep, tenant)
         # Small inputs: validate on the loop; the kernel too unless the op says its result is big.
         bound = await self.run(self._bind, op, resolved, nbytes=size)
         result = self.result_bytes(op, bound, size)
-        return self._kept(await self.run(self._compute, op, bound, not keep, nbytes=result), keep, tenant)
+        return await self._kept(await self.run(self._compute, op, bound, not keep, nbytes=result), keep, tenant)
 
     async def execute_pipeline(self, raw_steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
                                keep: bool, tenant: str) -> list[tuple[str, Any]]:
@@ -204,12 +239,14 @@ class Service:
         checked before the first runs; the chosen outputs come back."""
         resolved = []
         for name, op_name, args in raw_steps:
-            args = {k: self._resolve(v, tenant) for k, v in args.items()}
+            args = {k: await self._resolve(v, tenant) for k, v in args.items()}
+            if self._partitioned(args.values()):  # a pipeline runs in this process
+                args = await self.run(self.cluster.gathered, args)
             if op_name in self.registry.ops:  # an unknown op is the planner's to report
                 check_argument_limits(self.registry.get(op_name), args, self.config)
             resolved.append((name, op_name, args))
         steps, chosen = await self.run(plan_pipeline, self.registry, resolved, outputs)
-        return self._kept(await self.run(run_steps, self, steps, chosen, not keep), keep, tenant)
+        return await self._kept(await self.run(run_steps, self, steps, chosen, not keep), keep, tenant)
 
     def _execute_sync(self, op, args: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
         return self._compute(op, self._bind(op, args), to_host)
@@ -218,12 +255,7 @@ class Service:
         """Validated arguments, and the declared result size checked against the limit."""
         bound = op.bind(args)
         if op.result_bytes is not None:
-            need = self.result_bytes(op, bound)
-            if need > self.config.max_result_bytes:
-                raise ResourceExhaustedError(
-                    f"{op.name} would produce {need} bytes, over the result limit of "
-                    f"{self.config.max_result_bytes} bytes (--max-result-bytes)",
-                    reason="RESULT_TOO_LARGE")
+            check_result_bytes(op, self.result_bytes(op, bound), self.config.max_result_bytes)
         return bound
 
     def result_bytes(self, op, bound: dict[str, Any], otherwise: int = 0) -> int:
@@ -259,12 +291,35 @@ class Service:
             outputs = [(name, self._on_host(value)) for name, value in outputs]
         return outputs
 
-    def _kept(self, outputs: list[tuple[str, Any]], keep: bool, tenant: str) -> list[tuple[str, Any]]:
-        """With ``keep``, the outputs stored and replaced by their handles. Called on the event
-        loop once the work has come back, so a call abandoned at its deadline stores nothing."""
+    async def _kept(self, outputs: list[tuple[str, Any]], keep: bool, tenant: str) -> list[tuple[str, Any]]:
+        """With ``keep``, the outputs stored and replaced by their handles (those kept on the Dask
+        cluster already are handles). Called on the event loop once the work has come back, so
+        a call abandoned at its deadline stores nothing."""
         if keep:
-            return [(name, HandleRef(self.store.put(self._on_device(value), tenant)[0])) for name, value in outputs]
+            return [(name, value if isinstance(value, HandleRef) else HandleRef((await self._store(value, tenant))[0]))
+                    for name, value in outputs]
         return [(name, self._on_host(value)) for name, value in outputs]
+
+    async def _store(self, value: Any, tenant: str, partitions: int = 0) -> tuple[str, int]:
+        """Keep a checked tensor: partitioned on the Dask cluster when asked or above
+        --distribute-above-bytes, else in this process (a GPU worker's device memory)."""
+        if partitions and self.cluster is None:
+            raise UnimplementedError("partitions needs a server started with --dask-scheduler",
+                                     reason="NO_CLUSTER")
+        if self.cluster is not None:
+            from .partition import not_partitionable, partitionable
+
+            above = 0 < self.config.distribute_above_bytes < tensor_nbytes(value)
+            why = partitionable(value) if partitions or above else "not asked"
+            if partitions and why:
+                raise not_partitionable(why)
+            if not why:
+                parts = partitions or await self.run(self.cluster.default_partitions)
+                return await self.run(self.cluster.put, self._on_host(value), tenant, parts)
+        return self.store.put(self._on_device(value), tenant)
+
+    def _partitioned(self, values) -> bool:
+        return self.cluster is not None and any(self.cluster.holds(v) for v in values)
 
     def _on_device(self, value: Any) -> Any:
         """Where the store keeps a tensor: device memory on a GPU worker, until it is fetched."""
@@ -274,26 +329,47 @@ class Service:
         """A tensor as the wires send it."""
         return value if self.backend is None else self.backend.to_host(value)
 
-    def _resolve(self, value: Any, tenant: str) -> Any:
+    async def _resolve(self, value: Any, tenant: str) -> Any:
         if isinstance(value, HandleRef):
-            return self.store.get(value.handle, tenant)
+            try:
+                return self.store.get(value.handle, tenant)
+            except NotFoundError:
+                if self.cluster is None:
+                    raise
+                return await self.run(self.cluster.lookup, value.handle, tenant)
         if isinstance(value, list):
-            return [self._resolve(v, tenant) for v in value]
+            return [await self._resolve(v, tenant) for v in value]
         return value
 
     # -------------------------------------------------------------- tensors
-    async def put(self, tensor: Any, tenant: str) -> tuple[str, int]:
+    async def put(self, tensor: Any, tenant: str, partitions: int = 0) -> tuple[str, int]:
         """Validate and keep a tensor; returns (handle, bytes). Stored on the loop after the
-        check, so an upload abandoned at its deadline leaves nothing behind."""
+        check, so an upload abandoned at its deadline leaves nothing behind. ``partitions``:
+        cut into that many row blocks on the Dask cluster (``_store``)."""
+        check_partitions(partitions)
         check_tensor_limits(tensor, "tensor", self.config)
         value = await self.run(checked, tensor, "tensor")
-        return self.store.put(self._on_device(value), tenant)
+        return await self._store(value, tenant, partitions)
 
-    def get(self, handle: str, tenant: str) -> Any:
-        return self._on_host(self.store.get(handle, tenant))
+    def upload_budget(self) -> int:
+        """The most bytes one upload may bring: the store's budget, or the cluster's when bigger."""
+        return max(self.store.budget_bytes, self.cluster.store.budget_bytes if self.cluster else 0)
 
-    def delete(self, handle: str, tenant: str) -> None:
-        self.store.delete(handle, tenant)
+    async def get(self, handle: str, tenant: str) -> Any:
+        try:
+            return self._on_host(self.store.get(handle, tenant))
+        except NotFoundError:
+            if self.cluster is None:
+                raise
+        return await self.run(self.cluster.get, handle, tenant, self.config.max_result_bytes)
+
+    async def delete(self, handle: str, tenant: str) -> None:
+        try:
+            self.store.delete(handle, tenant)
+        except NotFoundError:
+            if self.cluster is None:
+                raise
+            await self.run(self.cluster.delete, handle, tenant)
 
     def catalogue(self) -> list[dict[str, Any]]:
         return [op.describe() for op in self.registry]

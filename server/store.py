@@ -43,7 +43,8 @@ STORE_LIMIT, STORE_REASON = "the whole store budget (--store-bytes)", "STORE_BUD
 
 class HandleStore:
     def __init__(self, budget_bytes: int, ttl_seconds: float,
-                 clock: Callable[[], float] = time.monotonic, tenant_budget_bytes: int = 0):
+                 clock: Callable[[], float] = time.monotonic, tenant_budget_bytes: int = 0,
+                 on_drop: Callable[[str], None] | None = None):
         self.budget_bytes = int(budget_bytes)
         self.tenant_budget_bytes = int(tenant_budget_bytes)  # 0: tenants share the whole budget
         self._tenant_bytes: dict[str, int] = {}
@@ -53,9 +54,11 @@ class HandleStore:
         self._bytes = 0
         self._lock = threading.Lock()
         self.evictions = 0
+        # Told each handle that leaves (deleted, evicted, expired), under the lock: it must not block.
+        self._on_drop = on_drop
 
     # ------------------------------------------------------------------ public
-    def put(self, tensor: Any, tenant: str = "") -> tuple[str, int]:
+    def put(self, tensor: Any, tenant: str = "", handle: str | None = None) -> tuple[str, int]:
         nbytes = tensor_nbytes(tensor)
         if nbytes > self.budget_bytes:
             raise ResourceExhaustedError(
@@ -67,7 +70,7 @@ class HandleStore:
                                          f"{quota} bytes (--tenant-store-bytes)", reason="TENANT_QUOTA")
             err.http_status = 429  # a quota, not a size limit (SPEC section 6)
             raise err
-        handle = "h-" + secrets.token_hex(16)
+        handle = handle or "h-" + secrets.token_hex(16)
         with self._lock:
             self._expire()
             if quota:
@@ -122,6 +125,8 @@ class HandleStore:
             self._tenant_bytes[entry.tenant] = left
         else:
             del self._tenant_bytes[entry.tenant]
+        if self._on_drop is not None:
+            self._on_drop(handle)
 
     def _expire(self) -> None:
         now = self._clock()

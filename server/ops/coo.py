@@ -11,6 +11,7 @@ from sparseserve.kernels import arrays as ka
 
 from ..argtypes import BOOL, DENSE, OPTIONAL_INT, SCALAR, SPARSE
 from ..device import Fallback
+from ..partition import Rowwise
 from ..registry import REGISTRY, Arg, Output
 from . import _gpu
 from ._common import cast_scalar, check_ordered, coo
@@ -135,3 +136,10 @@ def from_dense(tensor: np.ndarray, sparse_dim: int | None = None) -> SparseTenso
                                    f"{tensor.ndim} of tensor", reason="AXIS_OUT_OF_RANGE")
     indices, values = kernels.from_dense(tensor, sparse_dim)
     return SparseTensor(indices=indices, values=values, dense_shape=tensor.shape, coalesced=True)
+
+
+# ----------------------------------------------------------- partitioned tensors
+# Blocks hold disjoint row ranges in row order, so row-major order and duplicates never cross one.
+REGISTRY.partitioned("reorder", Rowwise("sp_input", probe=True))
+REGISTRY.partitioned("coalesce", Rowwise("sp_input", probe=True))
+REGISTRY.partitioned("to_dense", Rowwise("sp_input"))

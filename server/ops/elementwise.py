@@ -21,6 +21,7 @@ from sparseserve.kernels import elementwise as ek
 
 from ..argtypes import DENSE, FLOAT, SPARSE, STRING, TENSOR
 from ..device import Fallback
+from ..partition import Rowwise
 from ..registry import REGISTRY, Arg, Output
 from . import _gpu
 
@@ -479,3 +480,17 @@ def map_values_gpu(be, sp_input: SparseTensor, fn: str) -> SparseTensor:
     if name == "sign" and kind == "f":
         out = xp.where(xp.isnan(values), values, out)  # numpy's sign(nan) is nan; some CuPy versions give 0
     return _gpu.same_structure(sp_input, out)
+
+
+# ----------------------------------------------------------- partitioned tensors
+def _dense_has_rows(dense, sp_input) -> bool:
+    """A dense operand with the tensor's rank and leading size (not broadcast along it) is cut
+    with the blocks; any other shape broadcasts the same to every block."""
+    return np.ndim(dense) == sp_input.ndim and np.shape(dense)[0] == sp_input.dense_shape[0] != 1
+
+
+REGISTRY.partitioned("mul", Rowwise("sp_input", rows=("dense",), slice_rows=_dense_has_rows, probe=True))
+REGISTRY.partitioned("div", Rowwise("sp_input", rows=("dense",), slice_rows=_dense_has_rows, probe=True))
+REGISTRY.partitioned("map_values", Rowwise("sp_input", probe=True))
+REGISTRY.partitioned("with_values", Rowwise("sp_input", entries=("new_values",), probe=True))
+REGISTRY.partitioned("retain", Rowwise("sp_input", entries=("to_retain",), probe=True))

@@ -23,6 +23,7 @@ from sparseserve.kernels import compressed as ck
 from sparseserve.kernels import linalg as lk
 
 from ..argtypes import BOOL, SCALAR, TENSOR
+from ..partition import Rowwise
 from ..registry import REGISTRY, Arg, Output
 from . import _gpu
 from ._common import cast_scalar
@@ -511,3 +512,14 @@ def sampled_addmm(input: SparseTensor, mat1: np.ndarray, mat2: np.ndarray, beta=
     return SparseTensor(layout=input.layout, compressed_indices=input.compressed_indices,
                         plain_indices=input.plain_indices, values=out, dense_shape=input.dense_shape,
                         coalesced=input.coalesced)
+
+
+# ----------------------------------------------------------- partitioned tensors
+# Sparse @ dense by row blocks of the sparse side (of its batch, when batched); the dense side
+# goes whole to each block unless it is batched like it. Others (adjoint_a, sparse or
+# partitioned right sides) gather.
+REGISTRY.partitioned("matmul", Rowwise(
+    "a", rows=("b",),
+    slice_rows=lambda b, a: a.ndim >= 3 and np.ndim(b) == a.ndim and np.shape(b)[0] == a.dense_shape[0] != 1,
+    applies=lambda a, b, adjoint_a=False, **_: isinstance(a, SparseTensor) and isinstance(b, np.ndarray)
+    and not adjoint_a))

@@ -13,6 +13,7 @@ from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import reduce as rk
 
 from ..argtypes import AXES, BOOL, INT, SPARSE
+from ..partition import Reduction
 from ..registry import REGISTRY, Arg, Output
 from . import _gpu
 from ._layouts import SPARSE_LAYOUTS, as_coo, as_csr
@@ -385,3 +386,8 @@ def maximum(sp_a: SparseTensor, sp_b: SparseTensor) -> SparseTensor:
 )
 def minimum(sp_a: SparseTensor, sp_b: SparseTensor) -> SparseTensor:
     return _extreme("minimum", sp_a, sp_b, take_max=False)
+
+
+# ----------------------------------------------------------- partitioned tensors
+REGISTRY.partitioned("reduce_sum", Reduction(axes=lambda bound, rank: _reduction_axes(bound["axis"], rank)))
+REGISTRY.partitioned("reduce_max", Reduction(axes=lambda bound, rank: _reduction_axes(bound["axis"], rank)))

@@ -33,6 +33,7 @@ from sparseserve.kernels import shape as shk
 from sparseserve.kernels._sort import gather_rows
 
 from ..argtypes import INT_LIST, SPARSE
+from ..partition import Shuffle
 from ..registry import REGISTRY, Arg, Output
 from . import _gpu
 from ._layouts import SPARSE_LAYOUTS, as_coo
@@ -378,3 +379,8 @@ def slice_(sp_input: SparseTensor, start: list[int], size: list[int]) -> SparseT
         values = np.ascontiguousarray(values[(slice(None), *dense_box)])
     out = SparseTensor(indices=indices, values=values, dense_shape=plan.out_shape, coalesced=t.coalesced)
     return _row_major(out, sp_input)
+
+
+# ----------------------------------------------------------- partitioned tensors
+REGISTRY.partitioned("transpose", Shuffle(
+    perm=lambda bound: list(_transpose_plan(bound["sp_input"], bound["perm"]).perm)))

@@ -20,6 +20,7 @@ from sparseserve.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import structure as sk
 
 from ..argtypes import BOOL, DENSE, INDEX, INT, INT_LIST, SCALAR, SPARSE, TENSORS
+from ..partition import Stack
 from ..registry import REGISTRY, Arg, Output
 from ._common import cast_scalar, check_ordered
 
@@ -387,3 +388,8 @@ def select(sp_input: SparseTensor, index: list):
     return SparseTensor(indices=new_indices, values=np.ascontiguousarray(values),
                         dense_shape=(*sparse_shape, *plan.out_shape[len(sparse_shape):]),
                         coalesced=sp_input.coalesced)
+
+
+# ----------------------------------------------------------- partitioned tensors
+REGISTRY.partitioned("concat", Stack(
+    axis=lambda bound: _concat_plan(bound["axis"], bound["sp_inputs"], bound["expand_nonconcat_dims"]).axis))

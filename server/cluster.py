@@ -1,0 +1,423 @@
+"""Scale-out on a Dask cluster (``--dask-scheduler``): tensors cut into row blocks held by the
+Dask workers, ops run where the blocks are, handles shared by every replica on the cluster.
+
+Imported only when the server is started with a scheduler address, so a server without one
+never imports Dask. Every method here blocks on the cluster and runs in the kernel pool.
+
+What lives where:
+
+- A partitioned tensor's blocks are Dask futures in the workers' memory. Its handle names a
+  dataset published on the scheduler (the blocks' futures, their row bounds and metadata and
+  the owning tenant): any replica connected to the scheduler finds it there, and the published
+  dataset is what keeps the blocks alive. Deleting it through any replica unpublishes it, and the
+  workers free the blocks.
+- The replica that made a handle accounts for it in a store of its own (``--dask-store-bytes``,
+  ``--store-ttl``): evicting or expiring it there unpublishes it too.
+- Plans (``server/partition.py``), declared beside each op, say how it runs on blocks; an op
+  without one gathers its partitioned arguments into this process first, within
+  ``--max-result-bytes``, or refuses with RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import distributed
+from distributed import Client, wait
+
+from sparseserve._tensor import HandleRef, SparseTensor
+from sparseserve.errors import (InternalError, InvalidArgumentError, NotFoundError, PermissionDeniedError,
+                                SparseServeError, UnavailableError)
+
+from . import partition as part
+from .argtypes import trust
+from .limits import deadline_exceeded, seconds_left
+from .store import HandleStore
+
+__all__ = ["Cluster", "DistributedTensor", "Gathered"]
+
+log = logging.getLogger("sparseserve.cluster")
+
+# Whole arguments at least this big are sent to the workers once, not once per block.
+_SCATTER_BYTES = 64 << 10
+# How long start-up waits for the scheduler before giving up with the reason.
+_CONNECT_SECONDS = 20
+
+
+@dataclass
+class DistributedTensor:
+    """A tensor in row blocks on the Dask workers. ``like`` is a stand-in with its shape, dtype,
+    layout and flags and no entries (its arrays take no memory), which is what argument checks
+    read; ``nnz`` and ``nbytes`` are the whole tensor's."""
+
+    blocks: list[Any]  # Dask futures, one per block
+    bounds: list[int]
+    like: Any
+    block_nnz: list[int]
+    nbytes: int
+
+    @property
+    def nnz(self) -> int:
+        return sum(self.block_nnz)
+
+    @property
+    def entry_bounds(self) -> list[int]:
+        return np.cumsum([0, *self.block_nnz]).tolist()
+
+
+@dataclass
+class Gathered:
+    """``Cluster.execute``'s answer for an op that has no plan for this call: its arguments with
+    every partitioned tensor gathered, for the ordinary single-node path."""
+
+    args: dict[str, Any]
+
+
+def block_meta(block: Any) -> dict[str, Any]:
+    """What the replica needs to know of a block without fetching it (runs on a worker)."""
+    if isinstance(block, SparseTensor):
+        meta = {"layout": block.layout, "shape": tuple(block.dense_shape), "dtype": block.dtype.str,
+                "nnz": block.nnz, "nbytes": block.nbytes, "coalesced": block.coalesced,
+                "sparse_ndim": block.sparse_ndim}
+        if block.layout != "coo":
+            meta["index_dtype"] = block.compressed_indices.dtype.str
+        return meta
+    return {"layout": "dense", "shape": tuple(np.shape(block)), "dtype": block.dtype.str, "nnz": 0,
+            "nbytes": int(block.nbytes)}
+
+
+def _free(dtype, shape) -> np.ndarray:
+    """A read-only array of ``shape`` taking no memory (all zeros)."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def stand_in(meta: dict[str, Any], rows: int) -> Any:
+    """An entry-less tensor with the shape (``rows`` leading), dtype, layout and flags of ``meta``."""
+    shape = (rows, *meta["shape"][1:])
+    dtype = np.dtype(meta["dtype"])
+    if meta["layout"] == "dense":
+        return _free(dtype, shape)
+    if meta["layout"] == "coo":
+        s = meta["sparse_ndim"]
+        t = SparseTensor(indices=np.zeros((0, s), np.int64), values=np.zeros((0, *shape[s:]), dtype),
+                         dense_shape=shape, coalesced=meta["coalesced"])
+    else:
+        index = np.dtype(meta["index_dtype"])
+        t = SparseTensor(layout="csr", compressed_indices=_free(index, rows + 1),
+                         plain_indices=np.zeros(0, index), values=np.zeros(0, dtype), dense_shape=shape,
+                         coalesced=meta["coalesced"])
+    return trust(t)
+
+
+def _distributed_in(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(isinstance(v, DistributedTensor) for v in value)
+    return isinstance(value, DistributedTensor)
+
+
+class Cluster:
+    def __init__(self, config, store_ttl: float):
+        self.config = config
+        try:
+            self.client = Client(config.dask_scheduler, timeout=_CONNECT_SECONDS,
+                                 set_as_default=False)
+        except (OSError, TimeoutError) as exc:
+            raise SystemExit(f"--dask-scheduler {config.dask_scheduler}: cannot reach the Dask scheduler "
+                             f"({exc})") from None
+        budget = config.dask_store_bytes or self.workers_memory() or (1 << 62)
+        self.store = HandleStore(budget, store_ttl, on_drop=self._unpublish_later)
+        self._unpublish: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=self._unpublisher, name="sparseserve-unpublish", daemon=True).start()
+
+    # ----------------------------------------------------------------- cluster
+    def workers_memory(self) -> int:
+        """The memory limits of the workers connected now, added up (0 when they set none)."""
+        workers = self.client.scheduler_info().get("workers", {})
+        return sum(int(w.get("memory_limit") or 0) for w in workers.values())
+
+    def default_partitions(self) -> int:
+        """One block per worker thread: every worker busy, no more tasks than it takes."""
+        workers = self.client.scheduler_info().get("workers", {})
+        return max(1, sum(int(w.get("nthreads") or 1) for w in workers.values()))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close(timeout=2)
+
+    # ------------------------------------------------------------- handles
+    def put(self, tensor: Any, tenant: str, partitions: int) -> tuple[str, int]:
+        """Cut ``tensor`` into at most ``partitions`` row blocks, send them to the workers and
+        publish them under a new handle."""
+        with _dask_errors("storing a partitioned tensor"):
+            bounds = part.row_bounds(tensor, partitions)
+            blocks = self.client.scatter(part.split_rows(tensor, bounds), hash=False)
+            # Validated here once, then remembered as checked in the worker that holds each block.
+            checked = self.client.map(_checked_block, blocks, pure=False)
+            del blocks
+            return self.keep(self._distributed(checked, bounds), tenant)
+
+    def keep(self, dt: DistributedTensor, tenant: str) -> tuple[str, int]:
+        handle = "h-" + secrets.token_hex(16)
+        record = {"tenant": tenant, "bounds": dt.bounds, "block_nnz": dt.block_nnz, "nbytes": dt.nbytes,
+                  "like": dt.like, "blocks": dt.blocks}
+        with _dask_errors("publishing a partitioned tensor"):
+            self.client.publish_dataset(**{handle: record})
+        try:
+            self.store.put(_Stub(dt.nbytes), tenant, handle=handle)
+        except SparseServeError:
+            self._unpublish_now(handle)
+            raise
+        return handle, dt.nbytes
+
+    def lookup(self, handle: str, tenant: str) -> DistributedTensor:
+        """The partitioned tensor ``handle`` names, made through any replica."""
+        with _dask_errors("looking up a partitioned tensor"):
+            try:
+                record = self.client.get_dataset(handle)
+            except KeyError:
+                raise NotFoundError(f"no tensor with handle {handle!r}: never made, deleted, expired "
+                                    "or evicted", reason="UNKNOWN_HANDLE") from None
+        if record["tenant"] != tenant:
+            raise PermissionDeniedError(f"handle {handle!r} belongs to another tenant", reason="OTHER_TENANT")
+        with contextlib.suppress(SparseServeError):
+            self.store.get(handle, tenant)  # a use: renews its TTL where it was made
+        return DistributedTensor(record["blocks"], record["bounds"], record["like"], record["block_nnz"],
+                                 record["nbytes"])
+
+    def delete(self, handle: str, tenant: str) -> None:
+        self.lookup(handle, tenant)  # NOT_FOUND and another tenant's handle, as for any handle
+        self._unpublish_now(handle)
+        with contextlib.suppress(SparseServeError):
+            self.store.delete(handle, tenant)  # made here: its on_drop finds it unpublished already
+
+    def get(self, handle: str, tenant: str, limit: int) -> Any:
+        return self.gather(self.lookup(handle, tenant), limit, f"tensor {handle!r}")
+
+    def gather(self, dt: DistributedTensor, limit: int, what: str = "a partitioned argument") -> Any:
+        if dt.nbytes > limit:
+            raise part.too_big_to_gather(what, dt.nbytes, limit)
+        return part.join_rows(self._results(dt.blocks), dt.bounds)
+
+    def _unpublish_later(self, handle: str) -> None:
+        self._unpublish.put(handle)  # called under the store's lock: no network there
+
+    def _unpublisher(self) -> None:
+        while True:
+            self._unpublish_now(self._unpublish.get())
+
+    def _unpublish_now(self, handle: str) -> None:
+        try:
+            self.client.unpublish_dataset(handle)
+        except KeyError:
+            pass  # deleted through another replica, or here just before
+        except Exception:  # the cluster is gone: nothing left to free
+            log.warning("could not unpublish %s", handle, exc_info=True)
+
+    # ----------------------------------------------------------------- ops
+    def execute(self, op, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]] | Gathered:
+        """Run ``op`` where its partitioned arguments' blocks are, when its plan covers the call;
+        otherwise gather them (``Gathered``)."""
+        plan = op.kernels.get("dask")
+        like = {name: self._like(value) for name, value in args.items()}
+        bound = op.bind(like)  # argument types, layouts and defaults, before anything runs
+        runner = getattr(self, f"_{plan.kind}", None) if plan is not None else None
+        with _dask_errors(f"running {op.name}"):
+            result = runner(op, plan, args, bound) if runner is not None else None
+            if result is None:
+                return Gathered(self.gathered(args))
+            if isinstance(result, DistributedTensor):
+                if keep:
+                    return [(op.outputs[0].name, HandleRef(self.keep(result, tenant)[0]))]
+                result = self.gather(result, self.config.max_result_bytes, f"the {op.outputs[0].name} of {op.name}")
+        return [(op.outputs[0].name, result)]
+
+    @staticmethod
+    def holds(value: Any) -> bool:
+        """Whether an argument value is (or lists) a partitioned tensor."""
+        return _distributed_in(value)
+
+    def gathered(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``args`` with every partitioned tensor gathered (within --max-result-bytes)."""
+        with _dask_errors("gathering partitioned arguments"):
+            return {name: self._gathered(value) for name, value in args.items()}
+
+    def _like(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self._like(v) for v in value]
+        return value.like if isinstance(value, DistributedTensor) else value
+
+    def _gathered(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self._gathered(v) for v in value]
+        if isinstance(value, DistributedTensor):
+            return trust(self.gather(value, self.config.max_result_bytes))
+        return value
+
+    def _probe(self, op, bound: dict[str, Any], entries: tuple[str, ...] = ()) -> None:
+        """Run the op here on the entry-less stand-ins (``Rowwise.probe`` says when)."""
+        args = {k: (v[:0] if k in entries else v) for k, v in bound.items()}
+        part.run_block(op.name, args, self.config.max_result_bytes)
+
+    # Each runner returns the answer (a DistributedTensor or a host value), or None to gather.
+    def _rowwise(self, op, plan: part.Rowwise, args, bound):
+        dt = args.get(plan.tensor)
+        others = [k for k, v in args.items() if k != plan.tensor and _distributed_in(v)]
+        if not isinstance(dt, DistributedTensor) or others or (plan.applies and not plan.applies(**bound)):
+            return None
+        nnz = dt.nnz
+        for name in plan.entries:
+            got = np.shape(args[name])[0] if np.ndim(args[name]) else 0
+            if got != nnz:
+                raise part.entry_count_error(name, got, nnz)
+        if plan.probe:
+            self._probe(op, bound, plan.entries)
+        sliced = {k for k in plan.rows if plan.slice_rows(bound[k], dt.like)}
+        whole = {k: self._shared(v) for k, v in bound.items()
+                 if k != plan.tensor and k not in sliced and k not in plan.entries}
+        entry_bounds = dt.entry_bounds
+        futures = []
+        for i, block in enumerate(dt.blocks):
+            r0, r1 = dt.bounds[i], dt.bounds[i + 1]
+            e0, e1 = entry_bounds[i], entry_bounds[i + 1]
+            block_args = {**whole, plan.tensor: block,
+                          **{k: bound[k][r0:r1] for k in sliced},
+                          **{k: np.asarray(args[k])[e0:e1] for k in plan.entries}}
+            futures.append(self.client.submit(part.run_block, op.name, block_args,
+                                              self.config.max_result_bytes, pure=False))
+        return self._distributed(futures, dt.bounds)
+
+    def _reduction(self, op, plan: part.Reduction, args, bound):
+        dt = args.get(plan.tensor)
+        if not isinstance(dt, DistributedTensor) or dt.like.__class__ is not SparseTensor:
+            return None
+        axes = plan.axes(bound, dt.like.ndim)
+        if 0 not in axes:
+            return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
+        limit = self.config.max_result_bytes
+        level = [self.client.submit(part.reduce_partial, op.name, b, axes, limit, pure=False) for b in dt.blocks]
+        while len(level) > 2:  # pairs, up a tree: log2(blocks) rounds
+            pairs = [level[i:i + 2] for i in range(0, len(level), 2)]
+            level = [self.client.submit(part.reduce_combine, op.name, p, axes, True, True, limit, pure=False)
+                     if len(p) == 2 else p[0] for p in pairs]
+        final = self.client.submit(part.reduce_combine, op.name, level, axes, bound["keepdims"],
+                                   bound["output_is_sparse"], limit, pure=False)
+        return self._results([final])[0]
+
+    def _shuffle(self, op, plan: part.Shuffle, args, bound):
+        dt = args.get(plan.tensor)
+        if not isinstance(dt, DistributedTensor) or getattr(dt.like, "layout", None) != "coo":
+            return None
+        self._probe(op, bound)
+        perm = plan.perm(bound)
+        if perm[0] == 0:
+            return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
+        shape = tuple(dt.like.dense_shape)
+        out_rows = shape[perm[0]]
+        parts_n = len(dt.blocks)
+        new_bounds = sorted(set(out_rows * k // parts_n for k in range(parts_n + 1)))
+        limit = self.config.max_result_bytes
+        pieces = [self.client.submit(part.transpose_pieces, b, dt.bounds[i], shape, perm, new_bounds, limit,
+                                     pure=False) for i, b in enumerate(dt.blocks)]
+        futures = []
+        for j in range(len(new_bounds) - 1):
+            column = [self.client.submit(_item, p, j, pure=False) for p in pieces]
+            futures.append(self.client.submit(part.merge_pieces, column, pure=False))
+        return self._distributed(futures, new_bounds)
+
+    def _stack(self, op, plan: part.Stack, args, bound):
+        inputs = args.get(plan.tensors)
+        if not isinstance(inputs, list) or not _distributed_in(inputs) or bound.get("expand_nonconcat_dims"):
+            return None
+        if any(getattr(self._like(t), "layout", None) != "coo" for t in inputs):
+            return None
+        self._probe(op, bound)
+        if plan.axis(bound) != 0:
+            return None
+        futures, bounds = [], [0]
+        for t in inputs:
+            if isinstance(t, DistributedTensor):
+                blocks, rows = t.blocks, t.bounds
+            else:
+                blocks, rows = self.client.scatter([t], hash=False), [0, part.rows_of(t)]
+            for i, block in enumerate(blocks):
+                futures.append(self.client.submit(part.run_block, op.name, {"axis": 0, plan.tensors: [block]},
+                                                  self.config.max_result_bytes, pure=False))
+                bounds.append(bounds[-1] + rows[i + 1] - rows[i])
+        return self._distributed(futures, bounds)
+
+    # ------------------------------------------------------------- plumbing
+    def _shared(self, value: Any) -> Any:
+        """A whole argument as every block's task receives it: big arrays sent once."""
+        if isinstance(value, np.ndarray) and value.nbytes >= _SCATTER_BYTES:
+            return self.client.scatter(value, broadcast=False, hash=False)
+        return value
+
+    def _distributed(self, futures: list[Any], bounds: list[int]) -> DistributedTensor:
+        """The tensor whose blocks the tasks ``futures`` compute, once they have (their errors
+        raised here, before anything is kept)."""
+        metas = self._results([self.client.submit(block_meta, f, pure=False) for f in futures])
+        like = stand_in(metas[0], bounds[-1])
+        if isinstance(like, SparseTensor):
+            like.coalesced = all(m["coalesced"] for m in metas)
+        return DistributedTensor(futures, list(bounds), like, [m["nnz"] for m in metas],
+                                 sum(m["nbytes"] for m in metas))
+
+    def _results(self, futures: list[Any]) -> list[Any]:
+        left = seconds_left()
+        try:
+            with self.client.as_current():  # wait() looks for a default client, and we set none
+                wait(futures, timeout=None if left is None else max(left, 0.0))
+        except TimeoutError:
+            self.client.cancel(futures)
+            raise deadline_exceeded("while the Dask workers ran") from None
+        return self.client.gather(futures)
+
+
+@dataclass
+class _Stub:
+    """What the making replica's store holds for a partitioned handle: its size."""
+
+    nbytes: int
+
+
+def _item(sequence: list[Any], index: int) -> Any:
+    return sequence[index]
+
+
+def _checked_block(block: Any) -> Any:
+    from .argtypes import checked
+
+    return checked(block, "block")
+
+
+@contextlib.contextmanager
+def _dask_errors(doing: str):
+    """Cluster failures as the service's errors: a lost worker or scheduler is UNAVAILABLE with
+    what was being done; our own errors pass through; anything else is a bug (INTERNAL)."""
+    try:
+        yield
+    except SparseServeError:
+        raise
+    except (concurrent.futures.CancelledError, distributed.scheduler.KilledWorker) as exc:
+        # Dask cancels what depended on blocks lost with a worker (FutureCancelledError, and
+        # FuturesCancelledError for several): a block sent by put has no recipe to recompute it.
+        raise UnavailableError(f"a Dask worker holding part of the data was lost while {doing}; a tensor "
+                               f"stored with put must be stored again ({type(exc).__name__}: {exc})",
+                               reason="WORKER_LOST") from None
+    except (OSError, TimeoutError, distributed.comm.CommClosedError) as exc:
+        raise UnavailableError(f"the Dask cluster did not answer while {doing} ({type(exc).__name__}: {exc})",
+                               reason="CLUSTER_UNAVAILABLE") from None
+    except InvalidArgumentError:
+        raise
+    except Exception as exc:
+        log.exception("partitioned work failed while %s", doing)
+        raise InternalError(f"{doing} failed: {type(exc).__name__}: {exc}") from exc

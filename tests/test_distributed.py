@@ -1,0 +1,434 @@
+"""Scale-out on Dask (``--dask-scheduler``): a LocalCluster of 2 worker processes on loopback.
+
+Every op with a partitioned plan gives exactly the single-node answer (a second Service without
+a cluster computes it from the same tensor); ops without one gather; handles are shared by
+replicas and freed on the workers when deleted or evicted; a worker killed mid-request gives
+the right answer or a clear error, and the service keeps serving. The last tests run real
+servers on the cluster and drive them with the SDK over both wires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from distributed import Client, LocalCluster
+
+from sparseserve._tensor import HandleRef, OutputRef, SparseTensor
+from sparseserve.errors import (InvalidArgumentError, NotFoundError, PermissionDeniedError,
+                                ResourceExhaustedError, UnavailableError, UnimplementedError)
+from sparseserve.server import partition as part
+from sparseserve.server.config import ServerConfig
+from sparseserve.server.ops import REGISTRY
+from sparseserve.server.service import Service
+
+from conftest import ServerProcess, make_client, run_op
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _cluster() -> LocalCluster:
+    return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                        silence_logs=logging.CRITICAL, memory_limit="2GiB")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with _cluster() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def dask(cluster):
+    with Client(cluster.scheduler_address, set_as_default=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def service(cluster):
+    s = Service(ServerConfig(dask_scheduler=cluster.scheduler_address, distribute_above_bytes=0), REGISTRY)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def single():
+    s = Service(ServerConfig(), REGISTRY)
+    yield s
+    s.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def execute(svc: Service, op: str, args: dict, keep: bool = False, tenant: str = ""):
+    return dict(run(svc.execute(op, args, keep, tenant)))["output"]
+
+
+def coo(shape, nnz, seed=0, dtype=np.float64, hybrid=(), sort=True) -> SparseTensor:
+    """Integer-valued entries: sums are exact in any order, so exact comparison is fair."""
+    rng = np.random.default_rng(seed)
+    idx = np.stack([rng.integers(0, n, nnz) for n in shape], axis=1)
+    if sort:
+        idx = np.unique(idx, axis=0)
+    values = rng.integers(-4, 5, (len(idx), *hybrid)).astype(dtype)
+    return SparseTensor(indices=idx, values=values, dense_shape=(*shape, *hybrid), coalesced=sort)
+
+
+def assert_same(got, want):
+    assert type(got) is type(want) or (isinstance(got, np.ndarray) and isinstance(want, np.ndarray))
+    if isinstance(want, SparseTensor):
+        assert (got.layout, got.dense_shape, got.dtype, got.coalesced) == \
+               (want.layout, want.dense_shape, want.dtype, want.coalesced)
+        for a, b in zip(got.arrays(), want.arrays()):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    else:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want, equal_nan=True)
+
+
+def put(svc: Service, tensor, partitions: int = 3, tenant: str = "") -> str:
+    return run(svc.put(tensor, tenant, partitions))[0]
+
+
+def block_keys(svc: Service, handle: str) -> list[str]:
+    dt = svc.cluster.lookup(handle, "")
+    keys = [f.key for f in dt.blocks]
+    del dt
+    gc.collect()
+    return keys
+
+
+def held(dask: Client, keys: list[str]) -> list[str]:
+    return dask.run_on_scheduler(lambda dask_scheduler: [k for k in keys if k in dask_scheduler.tasks])
+
+
+def eventually(check, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ cutting, without Dask
+@pytest.mark.parametrize("tensor", [
+    coo((40, 7), 120), coo((40, 3, 5), 150, hybrid=(2,)), coo((40, 7), 120, sort=False),
+    SparseTensor(indices=np.zeros((0, 2), np.int64), values=np.zeros(0), dense_shape=(9, 4)),
+    np.arange(60.0).reshape(20, 3)], ids=["coo", "hybrid", "unsorted", "empty", "dense"])
+def test_split_then_join_gives_the_tensor_back(tensor):
+    bounds = part.row_bounds(tensor, 4)
+    assert bounds[0] == 0 and bounds[-1] == part.rows_of(tensor) and bounds == sorted(set(bounds))
+    blocks = part.split_rows(tensor, bounds)
+    assert [part.rows_of(b) for b in blocks] == np.diff(bounds).tolist()
+    joined = part.join_rows(blocks, bounds)
+    if isinstance(tensor, SparseTensor) and not tensor.coalesced and tensor.nnz:
+        # Entries come back grouped by block, each group in its original order.
+        order = np.argsort(np.searchsorted(bounds[1:-1], tensor.indices[:, 0], side="right"), kind="stable")
+        tensor = SparseTensor(indices=tensor.indices[order], values=tensor.values[order],
+                              dense_shape=tensor.dense_shape)
+    assert_same(joined, tensor)
+
+
+def test_csr_blocks_join_back_and_balance_entries():
+    dense = np.zeros((30, 8))
+    dense[:3] = 1.0  # three heavy rows, then a light tail
+    dense[3:, 0] = 2.0
+    t = REGISTRY.get("convert").run("cpu", REGISTRY.get("convert").bind(
+        {"sp_input": REGISTRY.get("from_dense").run("cpu", {"tensor": dense, "sparse_dim": None})[0],
+         "layout": "csr"}))[0]
+    bounds = part.row_bounds(t, 2)
+    blocks = part.split_rows(t, bounds)
+    nnz = [b.nnz for b in blocks]
+    assert abs(nnz[0] - nnz[1]) <= 8, nnz  # by entries, not rows: an even row split gives 31 vs 15
+    assert_same(part.join_rows(blocks, bounds), t)
+
+
+# ------------------------------------------------------------------ every plan vs one node
+A = coo((300, 40), 1500, seed=1)
+A3 = coo((30, 20, 10), 900, seed=2)
+AH = coo((60, 9), 200, seed=3, hybrid=(3,))
+UNSORTED = coo((300, 40), 1500, seed=4, sort=False)
+_rng = np.random.default_rng(5)
+
+CASES = [
+    ("matmul", "a", A, {"b": _rng.integers(-3, 4, 40).astype(np.float64)}),
+    ("matmul", "a", A, {"b": _rng.integers(-3, 4, (40, 5)).astype(np.float64)}),
+    ("matmul", "a", A, {"b": _rng.integers(-3, 4, (5, 40)).astype(np.float64), "adjoint_b": True}),
+    ("matmul", "a", A3, {"b": _rng.integers(-3, 4, (30, 10, 2)).astype(np.float64)}),
+    ("matmul", "a", A, {"b": _rng.integers(-3, 4, (300, 2)).astype(np.float64), "adjoint_a": True}),  # gathers
+    ("reduce_sum", "sp_input", A, {}),
+    ("reduce_sum", "sp_input", A, {"axis": [0]}),
+    ("reduce_sum", "sp_input", A, {"axis": [1]}),
+    ("reduce_sum", "sp_input", A3, {"axis": [0, 2], "keepdims": True}),
+    ("reduce_sum", "sp_input", A3, {"axis": [0], "output_is_sparse": True}),
+    ("reduce_sum", "sp_input", AH, {"axis": [0, 2]}),
+    ("reduce_max", "sp_input", A, {}),
+    ("reduce_max", "sp_input", A, {"axis": [-2], "output_is_sparse": True}),
+    ("reduce_max", "sp_input", A3, {"axis": [1], "output_is_sparse": True}),
+    ("reduce_max", "sp_input", AH, {"axis": [0, 1], "keepdims": True}),
+    ("mul", "sp_input", A, {"dense": _rng.integers(-3, 4, (300, 40)).astype(np.float64)}),
+    ("mul", "sp_input", A, {"dense": _rng.integers(-3, 4, 40).astype(np.float64)}),
+    ("mul", "sp_input", A, {"dense": _rng.integers(-3, 4, (1, 40)).astype(np.float64)}),
+    ("div", "sp_input", A, {"dense": _rng.integers(1, 4, (300, 40)).astype(np.float64)}),
+    ("map_values", "sp_input", A, {"fn": "abs"}),
+    ("with_values", "sp_input", A, {"new_values": np.arange(A.nnz, dtype=np.float32)}),
+    ("with_values", "sp_input", AH, {"new_values": np.ones((AH.nnz, 3), np.int32)}),
+    ("retain", "sp_input", A, {"to_retain": np.arange(A.nnz) % 3 == 0}),
+    ("to_dense", "sp_input", A, {}),
+    ("to_dense", "sp_input", AH, {"default_value": 7}),
+    ("transpose", "sp_input", A, {}),
+    ("transpose", "sp_input", A3, {"perm": [2, 0, 1]}),
+    ("transpose", "sp_input", A3, {"perm": [0, 2, 1]}),  # the leading axis stays: row-wise
+    ("transpose", "sp_input", AH, {"perm": [1, 0, 2]}),
+    ("coalesce", "sp_input", UNSORTED, {}),
+    ("reorder", "sp_input", UNSORTED, {}),
+    ("softmax", "sp_input", A, {}),  # no plan: gathered
+]
+
+
+@pytest.mark.parametrize("op,arg,tensor,args", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_partitioned_op_equals_single_node(service, single, op, arg, tensor, args):
+    handle = put(service, tensor)
+    got = execute(service, op, {arg: HandleRef(handle), **args})
+    want = execute(single, op, {arg: tensor, **args})
+    if op == "coalesce" or op == "reorder":
+        # The partitioned tensor is what get returns (entries grouped by block): the reference too.
+        want = execute(single, op, {arg: run(service.get(handle, "")), **args})
+    assert_same(got, want)
+
+
+def test_csr_matmul_and_reduction(service, single):
+    csr = execute(single, "convert", {"sp_input": A, "layout": "csr"})
+    handle = put(service, csr, partitions=2)
+    assert_same(run(service.get(handle, "")), csr)
+    b = _rng.integers(-3, 4, (40, 3)).astype(np.float64)
+    assert_same(execute(service, "matmul", {"a": HandleRef(handle), "b": b}), execute(single, "matmul", {"a": csr, "b": b}))
+    assert_same(execute(service, "reduce_sum", {"sp_input": HandleRef(handle), "axis": [0]}),
+                execute(single, "reduce_sum", {"sp_input": csr, "axis": [0]}))
+
+
+def test_concat_along_rows_mixes_partitioned_and_inline(service, single):
+    b = coo((50, 40), 200, seed=9)
+    handle = put(service, A)
+    got = execute(service, "concat", {"axis": 0, "sp_inputs": [HandleRef(handle), b, HandleRef(handle)]})
+    assert_same(got, execute(single, "concat", {"axis": 0, "sp_inputs": [A, b, A]}))
+    # Along another axis there is no plan: gathered, same answer.
+    c = coo((300, 5), 100, seed=10)
+    assert_same(execute(service, "concat", {"axis": 1, "sp_inputs": [HandleRef(handle), c]}),
+                execute(single, "concat", {"axis": 1, "sp_inputs": [A, c]}))
+
+
+def test_kept_results_stay_partitioned_and_chain(service, single):
+    handle = put(service, A3)
+    kept = execute(service, "transpose", {"sp_input": HandleRef(handle), "perm": [1, 0, 2]}, keep=True)
+    assert service.cluster.holds(service.cluster.lookup(kept.handle, ""))
+    summed = execute(service, "reduce_sum", {"sp_input": kept, "axis": [0, 1]})
+    want_t = execute(single, "transpose", {"sp_input": A3, "perm": [1, 0, 2]})
+    assert_same(summed, execute(single, "reduce_sum", {"sp_input": want_t, "axis": [0, 1]}))
+    assert_same(run(service.get(kept.handle, "")), want_t)
+
+
+def test_pipelines_gather_partitioned_inputs(service, single):
+    handle = put(service, A)
+    steps = [("t", "transpose", {"sp_input": HandleRef(handle)}),
+             ("s", "reduce_sum", {"sp_input": OutputRef("t.output"), "axis": [1]})]
+    got = dict(run(service.execute_pipeline(steps, ["s.output"], False, "")))["s.output"]
+    assert_same(got, execute(single, "reduce_sum", {"sp_input": execute(single, "transpose", {"sp_input": A}),
+                                                     "axis": [1]}))
+
+
+# ------------------------------------------------------------------ refusals
+def test_argument_errors_name_the_argument_before_any_block_runs(service, single):
+    handle = HandleRef(put(service, A))
+    with pytest.raises(InvalidArgumentError, match="new_values") as err:
+        execute(service, "with_values", {"sp_input": handle, "new_values": np.ones(A.nnz - 1)})
+    assert err.value.reason == "SHAPE_MISMATCH"
+    bad = np.ones((7, 40))  # broadcasts to no block: the single node's own message, whole shape
+    with pytest.raises(InvalidArgumentError) as want:
+        execute(single, "mul", {"sp_input": A, "dense": bad})
+    with pytest.raises(InvalidArgumentError) as got:
+        execute(service, "mul", {"sp_input": handle, "dense": bad})
+    assert (got.value.reason, got.value.message) == (want.value.reason, want.value.message)
+    with pytest.raises(InvalidArgumentError) as got:
+        execute(service, "reduce_sum", {"sp_input": handle, "axis": [5]})
+    assert got.value.reason == "AXIS_OUT_OF_RANGE"
+    with pytest.raises(InvalidArgumentError, match="inner|dimension|shape"):
+        execute(service, "matmul", {"a": handle, "b": np.ones(41)})
+
+
+def test_gathering_is_bounded_by_the_result_limit(cluster):
+    svc = Service(ServerConfig(dask_scheduler=cluster.scheduler_address, distribute_above_bytes=0,
+                               max_result_bytes=20_000), REGISTRY)
+    try:
+        handle = HandleRef(put(svc, A, partitions=6))  # 1500 entries: 36 kB; 300 dense rows: 96 kB
+        with pytest.raises(ResourceExhaustedError) as err:  # no plan: would gather the whole tensor
+            execute(svc, "softmax", {"sp_input": handle})
+        assert err.value.reason == "RESULT_TOO_LARGE" and "--max-result-bytes" in err.value.message
+        with pytest.raises(ResourceExhaustedError):
+            run(svc.get(handle.handle, ""))
+        # Kept, a dense result stays in blocks that each fit; only fetching it whole is refused.
+        kept = execute(svc, "to_dense", {"sp_input": handle}, keep=True)  # about 16 kB a block
+        with pytest.raises(ResourceExhaustedError):
+            run(svc.get(kept.handle, ""))
+        # Ops that run on the blocks still answer: only their small results come back.
+        assert execute(svc, "reduce_sum", {"sp_input": handle}) == A.values.sum()
+    finally:
+        svc.close()
+
+
+def test_put_refusals(service, single):
+    with pytest.raises(UnimplementedError) as err:
+        run(single.put(A, "", 2))
+    assert err.value.reason == "NO_CLUSTER"
+    for bad in (-1, 5000, 1.5, True):
+        with pytest.raises(InvalidArgumentError) as err:
+            run(service.put(A, "", bad))
+        assert err.value.reason == "BAD_PARTITIONS"
+    bsr = execute(single, "convert", {"sp_input": coo((8, 8), 20), "layout": "bsr", "blocksize": [2, 2]})
+    with pytest.raises(UnimplementedError) as err:
+        run(service.put(bsr, "", 2))
+    assert err.value.reason == "NOT_PARTITIONABLE"
+
+
+def test_big_tensors_are_partitioned_without_asking(cluster):
+    svc = Service(ServerConfig(dask_scheduler=cluster.scheduler_address, distribute_above_bytes=10_000), REGISTRY)
+    try:
+        small, big = coo((20, 5), 10), A
+        h_small, h_big = put(svc, small, 0), put(svc, big, 0)
+        assert svc.store.stats()[0] == 1  # the small one is here, the big one on the workers
+        assert len(svc.cluster.lookup(h_big, "").blocks) == 2  # one per worker thread
+        assert_same(run(svc.get(h_big, "")), big)
+        kept = execute(svc, "to_dense", {"sp_input": HandleRef(h_big)}, keep=True)  # a big result too
+        assert svc.cluster.holds(svc.cluster.lookup(kept.handle, ""))
+    finally:
+        svc.close()
+
+
+# ------------------------------------------------------------------ handles
+def test_replicas_share_handles_and_delete_frees_the_blocks(cluster, dask, single):
+    a = Service(ServerConfig(dask_scheduler=cluster.scheduler_address), REGISTRY)
+    b = Service(ServerConfig(dask_scheduler=cluster.scheduler_address), REGISTRY)
+    try:
+        handle = put(a, A)
+        keys = block_keys(a, handle)
+        assert len(held(dask, keys)) == 3
+        v = np.arange(40.0)
+        assert_same(execute(b, "matmul", {"a": HandleRef(handle), "b": v}), execute(single, "matmul", {"a": A, "b": v}))
+        with pytest.raises(PermissionDeniedError):
+            run(b.get(handle, "someone-else"))
+        run(b.delete(handle, ""))  # through the other replica
+        for svc in (a, b):
+            with pytest.raises(NotFoundError):
+                run(svc.get(handle, ""))
+        eventually(lambda: not held(dask, keys))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_eviction_and_expiry_free_the_blocks(cluster, dask):
+    clock = [0.0]
+    svc = Service(ServerConfig(dask_scheduler=cluster.scheduler_address, dask_store_bytes=50_000,
+                               store_ttl=100), REGISTRY)
+    svc.cluster.store._clock = lambda: clock[0]
+    try:
+        first = put(svc, A)  # 36 kB each: the second pushes the first out
+        first_keys = block_keys(svc, first)
+        second = put(svc, coo((300, 40), 1500, seed=11))
+        eventually(lambda: not held(dask, first_keys))
+        with pytest.raises(NotFoundError):
+            run(svc.get(first, ""))
+        second_keys = block_keys(svc, second)
+        clock[0] = 1000.0  # past the TTL: gone at the next look at the store
+        svc.cluster.store.stats()
+        eventually(lambda: not held(dask, second_keys))
+    finally:
+        svc.close()
+
+
+# ------------------------------------------------------------------ a worker dies
+def test_a_worker_killed_mid_request_gives_the_answer_or_a_clear_error():
+    with _cluster() as c, Client(c.scheduler_address, set_as_default=False) as dask:
+        svc = Service(ServerConfig(dask_scheduler=c.scheduler_address), REGISTRY)
+        try:
+            big = coo((20_000, 500), 400_000, seed=12)
+            v = np.arange(500.0) % 7
+            want = execute(Service(ServerConfig(), REGISTRY), "matmul", {"a": big, "b": v})
+            handle = HandleRef(put(svc, big, partitions=8))
+            outcomes, stop = [], threading.Event()
+
+            def calls():
+                while not stop.is_set():
+                    try:
+                        outcomes.append(execute(svc, "matmul", {"a": handle, "b": v}))
+                    except UnavailableError as err:
+                        outcomes.append(err)
+
+            thread = threading.Thread(target=calls)
+            thread.start()
+            eventually(lambda: len(outcomes) >= 2)
+            victim = next(iter(dask.run(os.getpid).values()))
+            os.kill(victim, signal.SIGKILL)
+            eventually(lambda: any(isinstance(o, UnavailableError) for o in outcomes), timeout=60)
+            stop.set()
+            thread.join(120)
+            assert not thread.is_alive()
+            errors = [o for o in outcomes if isinstance(o, UnavailableError)]
+            answers = [o for o in outcomes if not isinstance(o, UnavailableError)]
+            assert answers, "no call answered before the kill"
+            for answer in answers:  # never a wrong answer
+                np.testing.assert_array_equal(answer, want)
+            for err in errors:
+                assert err.reason in ("WORKER_LOST", "CLUSTER_UNAVAILABLE") and "Dask" in err.message
+            # The service keeps serving: a new tensor works on the workers that are left (and the
+            # replacement the nanny starts).
+            again = HandleRef(put(svc, big, partitions=4))
+            np.testing.assert_array_equal(execute(svc, "matmul", {"a": again, "b": v}), want)
+        finally:
+            svc.close()
+
+
+# ------------------------------------------------------------------ real servers, the SDK
+def test_servers_on_one_cluster_over_both_wires(cluster, dask):
+    flags = ("--dask-scheduler", cluster.scheduler_address, "--distribute-above-bytes", "0")
+    first, second = ServerProcess(*flags), ServerProcess(*flags)
+    try:
+        with make_client(first, "grpc") as grpc_client, make_client(second, "rest-json") as rest_client:
+            handle = grpc_client.put(A, partitions=2)
+            v = np.arange(40.0)
+            np.testing.assert_array_equal(rest_client.matmul(handle, v), A.to_dense() @ v)
+            np.testing.assert_array_equal(rest_client.reduce_sum(handle, axis=[0]), A.to_dense().sum(axis=0))
+            rest_handle = rest_client.put(AH, partitions=3)
+            # JSON carries no coalesced flag: the tensor as it arrived.
+            assert_same(grpc_client.get(rest_handle), SparseTensor(indices=AH.indices, values=AH.values,
+                                                                   dense_shape=AH.dense_shape))
+            kept = grpc_client.transpose(handle, keep=True)
+            assert_same(grpc_client.get(kept), run_op("transpose", sp_input=A))
+            for wire_client in (grpc_client, rest_client):
+                with pytest.raises(InvalidArgumentError) as err:
+                    wire_client.put(A, partitions=-2)
+                assert err.value.reason == "BAD_PARTITIONS"
+            keys = block_keys_of(dask, handle.handle)
+            rest_client.delete(handle)
+            with pytest.raises(NotFoundError):
+                grpc_client.get(handle)
+            eventually(lambda: not held(dask, keys))
+    finally:
+        first.stop()
+        second.stop()
+
+
+def block_keys_of(dask: Client, handle: str) -> list[str]:
+    """The keys of a published handle's blocks, read from the scheduler."""
+    return dask.run_on_scheduler(lambda dask_scheduler: [
+        t.key for t in dask_scheduler.tasks.values()
+        if any(c.client_key == f"published-{handle}" for c in t.who_wants)])
