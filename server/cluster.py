@@ -234,10 +234,10 @@ class Cluster:
             result = runner(op, plan, args, bound) if runner is not None else None
             if result is None:
                 return Gathered(self.gathered(args))
-            if isinstance(result, DistributedTensor):
+            if isinstance(result, _Blocks):
                 if keep:
-                    return [(op.outputs[0].name, HandleRef(self.keep(result, tenant)[0]))]
-                result = self.gather(result, self.config.max_result_bytes, f"the {op.outputs[0].name} of {op.name}")
+                    return [(op.outputs[0].name, HandleRef(self.keep(self._distributed(*result), tenant)[0]))]
+                result = self._joined(result, f"the {op.outputs[0].name} of {op.name}")
         return [(op.outputs[0].name, result)]
 
     @staticmethod
@@ -267,7 +267,7 @@ class Cluster:
         args = {k: (v[:0] if k in entries else v) for k, v in bound.items()}
         part.run_block(op.name, args, self.config.max_result_bytes)
 
-    # Each runner returns the answer (a DistributedTensor or a host value), or None to gather.
+    # Each runner returns the answer (_Blocks being computed, or a host value), or None to gather.
     def _rowwise(self, op, plan: part.Rowwise, args, bound):
         dt = args.get(plan.tensor)
         others = [k for k, v in args.items() if k != plan.tensor and _distributed_in(v)]
@@ -293,7 +293,7 @@ class Cluster:
                           **{k: np.asarray(args[k])[e0:e1] for k in plan.entries}}
             futures.append(self.client.submit(part.run_block, op.name, block_args,
                                               self.config.max_result_bytes, pure=False))
-        return self._distributed(futures, dt.bounds)
+        return _Blocks(futures, dt.bounds)
 
     def _reduction(self, op, plan: part.Reduction, args, bound):
         dt = args.get(plan.tensor)
@@ -331,7 +331,7 @@ class Cluster:
         for j in range(len(new_bounds) - 1):
             column = [self.client.submit(_item, p, j, pure=False) for p in pieces]
             futures.append(self.client.submit(part.merge_pieces, column, pure=False))
-        return self._distributed(futures, new_bounds)
+        return _Blocks(futures, new_bounds)
 
     def _stack(self, op, plan: part.Stack, args, bound):
         inputs = args.get(plan.tensors)
@@ -352,7 +352,7 @@ class Cluster:
                 futures.append(self.client.submit(part.run_block, op.name, {"axis": 0, plan.tensors: [block]},
                                                   self.config.max_result_bytes, pure=False))
                 bounds.append(bounds[-1] + rows[i + 1] - rows[i])
-        return self._distributed(futures, bounds)
+        return _Blocks(futures, bounds)
 
     # ------------------------------------------------------------- plumbing
     def _shared(self, value: Any) -> Any:
@@ -371,7 +371,18 @@ class Cluster:
         return DistributedTensor(futures, list(bounds), like, [m["nnz"] for m in metas],
                                  sum(m["nbytes"] for m in metas))
 
-    def _results(self, futures: list[Any]) -> list[Any]:
+    def _joined(self, blocks: "_Blocks", what: str) -> Any:
+        """An answer's blocks gathered into one tensor here, if it fits --max-result-bytes: the
+        size is the scheduler's count of the finished blocks' bytes, read before fetching them."""
+        self._finished(blocks.futures)
+        sizes = self.client.nbytes(keys=[f.key for f in blocks.futures], summary=False)
+        total = sum(sizes.values())
+        if total > self.config.max_result_bytes:
+            raise part.too_big_to_gather(what, total, self.config.max_result_bytes)
+        return part.join_rows(self.client.gather(blocks.futures), blocks.bounds)
+
+    def _finished(self, futures: list[Any]) -> None:
+        """Wait for ``futures`` until the caller's deadline; the first failure raised here."""
         left = seconds_left()
         try:
             with self.client.as_current():  # wait() looks for a default client, and we set none
@@ -379,7 +390,24 @@ class Cluster:
         except TimeoutError:
             self.client.cancel(futures)
             raise deadline_exceeded("while the Dask workers ran") from None
+        for future in futures:
+            if future.status != "finished":
+                future.result()  # raises the task's error, or CancelledError for a lost one
+
+    def _results(self, futures: list[Any]) -> list[Any]:
+        self._finished(futures)
         return self.client.gather(futures)
+
+
+@dataclass
+class _Blocks:
+    """An answer's blocks, still being computed: futures and the row bounds they cover."""
+
+    futures: list[Any]
+    bounds: list[int]
+
+    def __iter__(self):
+        return iter((self.futures, self.bounds))
 
 
 @dataclass

@@ -24,7 +24,8 @@ from sparseserve.errors import (InternalError, InvalidArgumentError, NotFoundErr
 from .argtypes import checked
 from .config import ServerConfig
 from .device import ArrayBackend, is_device_array, resolve_backend
-from .limits import check_argument_limits, check_deadline, check_result_bytes, check_tensor_limits, deadline_exceeded, seconds_left
+from .limits import (check_argument_limits, check_deadline, check_result_bytes, check_tensor_limits,
+                     deadline_exceeded, seconds_left)
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry

@@ -282,7 +282,7 @@ def test_keep_stores_each_callers_own_result():
         assert service.batcher.merged_calls == len(tensors)
         for t, [(name, ref)] in zip(tensors, results):
             assert name == "output" and isinstance(ref, HandleRef)
-            assert_same(service.get(ref.handle, ""), alone("coalesce", t))
+            assert_same(asyncio.run(service.get(ref.handle, "")), alone("coalesce", t))
 
 
 def test_merge_and_split_round_trip():

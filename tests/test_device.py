@@ -73,7 +73,7 @@ def test_put_keeps_the_tensor_in_device_memory_and_the_store_counts_its_bytes(gp
     assert isinstance(stored.values, gpu.backend.xp.ndarray)
     assert nbytes == stored.nbytes == st.nbytes
     assert gpu.store.stats() == (1, nbytes)
-    fetched = gpu.get(handle, "")  # a fetch copies it to the host for the wire
+    fetched = asyncio.run(gpu.get(handle, ""))  # a fetch copies it to the host for the wire
     assert type(fetched) is SparseTensor and isinstance(fetched.values, np.ndarray)
     np.testing.assert_array_equal(fetched.indices, st.indices)
     np.testing.assert_array_equal(fetched.values, st.values)
@@ -96,7 +96,8 @@ def test_an_op_without_a_gpu_kernel_runs_on_the_cpu_logged_and_counted(gpu, cpu,
     h = execute(gpu, "coalesce", {"sp_input": sample()}, keep=True)["output"]  # a tensor in device memory
     with caplog.at_level(logging.INFO, logger="sparseserve.device"):
         got = execute(gpu, "slice", {"sp_input": h, "start": [1, 0], "size": [4, 5]})["output"]
-    want = execute(cpu, "slice", {"sp_input": gpu.get(h.handle, ""), "start": [1, 0], "size": [4, 5]})["output"]
+    held = asyncio.run(gpu.get(h.handle, ""))
+    want = execute(cpu, "slice", {"sp_input": held, "start": [1, 0], "size": [4, 5]})["output"]
     assert type(got) is SparseTensor
     np.testing.assert_array_equal(got.indices, want.indices)
     np.testing.assert_array_equal(got.values, want.values)
@@ -142,7 +143,8 @@ def test_a_pipeline_keeps_intermediates_on_the_device_and_returns_host_outputs(g
     steps = [("t", "transpose", {"sp_input": h}), ("d", "to_dense", {"sp_input": OutputRef("t.output")})]
     out = dict(asyncio.run(gpu.execute_pipeline(steps, ["d.output"], False, "")))
     assert type(out["d.output"]) is np.ndarray
-    np.testing.assert_allclose(out["d.output"], cpu_dense_transposed(cpu, gpu.get(h.handle, "")), rtol=1e-12)
+    held = asyncio.run(gpu.get(h.handle, ""))
+    np.testing.assert_allclose(out["d.output"], cpu_dense_transposed(cpu, held), rtol=1e-12)
 
 
 def cpu_dense_transposed(cpu, st):
@@ -163,7 +165,7 @@ def test_a_result_size_estimate_that_cannot_read_device_arrays_reads_a_host_copy
     monkeypatch.setitem(REGISTRY.ops, "fill_empty_rows", dataclasses.replace(op, result_bytes=refuses_device_arrays))
     h = execute(gpu, "coalesce", {"sp_input": sample()}, keep=True)["output"]
     got = execute(gpu, "fill_empty_rows", {"sp_input": h, "default_value": 0.0})
-    want = execute(cpu, "fill_empty_rows", {"sp_input": gpu.get(h.handle, ""), "default_value": 0.0})
+    want = execute(cpu, "fill_empty_rows", {"sp_input": asyncio.run(gpu.get(h.handle, "")), "default_value": 0.0})
     np.testing.assert_array_equal(got["output"].indices, want["output"].indices)
     np.testing.assert_array_equal(got["empty_row_indicator"], want["empty_row_indicator"])
     small = gpu.config.__class__(max_result_bytes=16)

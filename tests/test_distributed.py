@@ -13,7 +13,10 @@ import asyncio
 import gc
 import logging
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -30,7 +33,7 @@ from sparseserve.server.config import ServerConfig
 from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
-from conftest import ServerProcess, make_client, run_op
+from conftest import ROOT, ServerProcess, make_client, run_op
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -211,7 +214,8 @@ def test_csr_matmul_and_reduction(service, single):
     handle = put(service, csr, partitions=2)
     assert_same(run(service.get(handle, "")), csr)
     b = _rng.integers(-3, 4, (40, 3)).astype(np.float64)
-    assert_same(execute(service, "matmul", {"a": HandleRef(handle), "b": b}), execute(single, "matmul", {"a": csr, "b": b}))
+    assert_same(execute(service, "matmul", {"a": HandleRef(handle), "b": b}),
+                execute(single, "matmul", {"a": csr, "b": b}))
     assert_same(execute(service, "reduce_sum", {"sp_input": HandleRef(handle), "axis": [0]}),
                 execute(single, "reduce_sum", {"sp_input": csr, "axis": [0]}))
 
@@ -275,6 +279,12 @@ def test_gathering_is_bounded_by_the_result_limit(cluster):
         assert err.value.reason == "RESULT_TOO_LARGE" and "--max-result-bytes" in err.value.message
         with pytest.raises(ResourceExhaustedError):
             run(svc.get(handle.handle, ""))
+        # Answers computed on the blocks are measured on the workers before they are fetched:
+        # dense (96 kB) and sparse (36 kB, counted by the size SparseTensor tells Dask).
+        for op, args in (("to_dense", {}), ("mul", {"dense": np.ones(40)})):
+            with pytest.raises(ResourceExhaustedError) as err:
+                execute(svc, op, {"sp_input": handle, **args})
+            assert err.value.reason == "RESULT_TOO_LARGE"
         # Kept, a dense result stays in blocks that each fit; only fetching it whole is refused.
         kept = execute(svc, "to_dense", {"sp_input": handle}, keep=True)  # about 16 kB a block
         with pytest.raises(ResourceExhaustedError):
@@ -322,7 +332,8 @@ def test_replicas_share_handles_and_delete_frees_the_blocks(cluster, dask, singl
         keys = block_keys(a, handle)
         assert len(held(dask, keys)) == 3
         v = np.arange(40.0)
-        assert_same(execute(b, "matmul", {"a": HandleRef(handle), "b": v}), execute(single, "matmul", {"a": A, "b": v}))
+        assert_same(execute(b, "matmul", {"a": HandleRef(handle), "b": v}),
+                    execute(single, "matmul", {"a": A, "b": v}))
         with pytest.raises(PermissionDeniedError):
             run(b.get(handle, "someone-else"))
         run(b.delete(handle, ""))  # through the other replica
@@ -432,3 +443,17 @@ def block_keys_of(dask: Client, handle: str) -> list[str]:
     return dask.run_on_scheduler(lambda dask_scheduler: [
         t.key for t in dask_scheduler.tasks.values()
         if any(c.client_key == f"published-{handle}" for c in t.who_wants)])
+
+
+def test_readme_example_prints_what_it_says(cluster):
+    readme = (ROOT / "README.md").read_text()
+    code, printed = re.search(r"```python\n([^`]*partitions=4[^`]*)```\n\n```text\n(.*?)```", readme,
+                              flags=re.S).groups()
+    server = ServerProcess("--dask-scheduler", cluster.scheduler_address)
+    try:
+        code = code.replace("localhost:50051", server.grpc_target)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == printed
+    finally:
+        server.stop()
