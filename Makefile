@@ -41,6 +41,7 @@ bench: $(VENV)/.dev
 	$(BIN)/python -m bench.service
 	$(BIN)/python -m bench.batching
 	$(BIN)/python -m bench.shm
+	$(BIN)/python -m bench.distributed
 
 proto: $(VENV)/.dev
 	$(BIN)/python tools/gen_proto.py

@@ -457,3 +457,10 @@ def test_readme_example_prints_what_it_says(cluster):
         assert result.stdout == printed
     finally:
         server.stop()
+
+
+def test_readme_lists_exactly_the_ops_with_a_plan():
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("**Which ops run where the blocks are.**")[1].split("\n\n")[1]
+    listed = set(re.findall(r"`(\w+)`", "\n".join(row.split("|")[1] for row in table.splitlines()[2:])))
+    assert listed == {op.name for op in REGISTRY if "dask" in op.kernels}
