@@ -403,6 +403,34 @@ def test_compressed_layouts(kind):
     np.testing.assert_array_equal(both.to_dense(), np.maximum(coo.to_dense(), coo.to_dense()))
 
 
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_plain_csr_reduces_bit_for_bit_like_its_coo_form(index_dtype):
+    """A 2-D CSR matrix is reduced from its own arrays (no COO expansion): same bits, including
+    rows that repeat a column and empty rows, for every axis choice and output form."""
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 6, 40)
+    counts[::7] = 0
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(index_dtype)
+    plain = rng.integers(0, 9, ptr[-1]).astype(index_dtype)  # unsorted, repeats: not coalesced
+    for dtype in (np.float32, np.float64, np.int32):
+        csr = SparseTensor(layout="csr", compressed_indices=ptr, plain_indices=plain,
+                           values=rng.standard_normal(ptr[-1]).astype(dtype) * 7, dense_shape=[40, 9])
+        coo = run_op("convert", sp_input=csr, layout="coo")
+        for op in ("reduce_sum", "reduce_max"):
+            for axis in (None, [0], [1], [-1, 0]):
+                for keepdims in (False, True):
+                    for sparse_out in (False, True):
+                        if sparse_out and axis in (None, [-1, 0]) and not keepdims:
+                            continue  # a scalar cannot be sparse (tested above)
+                        args = dict(axis=axis, keepdims=keepdims, output_is_sparse=sparse_out)
+                        got, want = run_op(op, sp_input=csr, **args), run_op(op, sp_input=coo, **args)
+                        if sparse_out:
+                            for a, b in zip(got.arrays(), want.arrays()):
+                                assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+                        else:
+                            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
 # ================================================================ errors
 def test_reduce_axis_errors():
     for op in ("reduce_sum", "reduce_max"):
