@@ -155,6 +155,11 @@ class SparseTensor:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.arrays())
 
+    def __sizeof__(self) -> int:
+        # With its arrays: Dask's memory accounting (spilling, the size check before a partitioned
+        # answer is gathered) reads sys.getsizeof, which would otherwise count the object alone.
+        return object.__sizeof__(self) + self.nbytes
+
     # ------------------------------------------------------------ conversion
     def validate(self, name: str = "tensor") -> "SparseTensor":
         """Check every SPEC section 2 invariant; raise ``InvalidArgumentError`` naming ``name``."""

@@ -50,7 +50,7 @@ log = logging.getLogger("sparseserve.cluster")
 # Whole arguments at least this big are sent to the workers once, not once per block.
 _SCATTER_BYTES = 64 << 10
 # How long start-up waits for the scheduler before giving up with the reason.
-_CONNECT_SECONDS = 20
+_CONNECT_SECONDS = 10
 
 
 @dataclass

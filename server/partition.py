@@ -9,7 +9,8 @@ back grouped by block, each group in its original order).
 
 The plans at the bottom say how an op runs on blocks; each op module declares its own with
 ``REGISTRY.partitioned`` beside the op. ``server/cluster.py`` carries the plans out on Dask.
-The functions here run on the Dask workers too; Dask is imported only to tell it a block's size.
+The functions here run on the Dask workers too, so they import nothing from Dask (which sizes
+blocks by ``sys.getsizeof``: ``SparseTensor.__sizeof__`` counts its arrays).
 """
 
 from __future__ import annotations
@@ -25,14 +26,6 @@ from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError, Uni
 __all__ = ["partitionable", "row_bounds", "split_rows", "join_rows", "rows_of", "run_block",
            "reduce_partial", "reduce_combine", "transpose_pieces", "merge_pieces",
            "Rowwise", "Reduction", "Shuffle", "Stack"]
-
-
-try:  # Dask's memory accounting (spilling, and the replica's size check before a gather) reads this
-    from dask.sizeof import sizeof
-except ImportError:
-    pass
-else:
-    sizeof.register(SparseTensor)(lambda t: t.nbytes)
 
 
 # ------------------------------------------------------------------ cutting and joining

@@ -25,6 +25,7 @@ import pytest
 
 from distributed import Client, LocalCluster
 
+from sparseserve import AsyncClient
 from sparseserve._tensor import HandleRef, OutputRef, SparseTensor
 from sparseserve.errors import (InvalidArgumentError, NotFoundError, PermissionDeniedError,
                                 ResourceExhaustedError, UnavailableError, UnimplementedError)
@@ -428,6 +429,13 @@ def test_servers_on_one_cluster_over_both_wires(cluster, dask):
                 with pytest.raises(InvalidArgumentError) as err:
                     wire_client.put(A, partitions=-2)
                 assert err.value.reason == "BAD_PARTITIONS"
+            async def async_put():
+                async with AsyncClient(second.http_url) as c:  # protobuf body, partitions in the query
+                    return await c.put(A3, partitions=2)
+
+            async_handle = run(async_put())
+            assert len(block_keys_of(dask, async_handle.handle)) == 2
+            assert_same(grpc_client.get(async_handle), A3)
             keys = block_keys_of(dask, handle.handle)
             rest_client.delete(handle)
             with pytest.raises(NotFoundError):
@@ -464,3 +472,26 @@ def test_readme_lists_exactly_the_ops_with_a_plan():
     table = readme.split("**Which ops run where the blocks are.**")[1].split("\n\n")[1]
     listed = set(re.findall(r"`(\w+)`", "\n".join(row.split("|")[1] for row in table.splitlines()[2:])))
     assert listed == {op.name for op in REGISTRY if "dask" in op.kernels}
+
+
+def test_without_a_scheduler_dask_is_never_imported():
+    code = ("import asyncio, sys\n"
+            "from sparseserve.server.app import serve\n"
+            "from sparseserve.server.config import ServerConfig\n"
+            "from sparseserve.server.ops import REGISTRY\n"
+            "from sparseserve.server.service import Service\n"
+            "from sparseserve import SparseTensor\n"
+            "s = Service(ServerConfig(), REGISTRY)\n"
+            "t = SparseTensor(indices=[[1, 0]], values=[2.0], dense_shape=[3, 3])\n"
+            "asyncio.run(s.put(t, ''))\n"
+            "asyncio.run(s.execute('reduce_sum', {'sp_input': t}, False, ''))\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n"
+
+
+def test_an_unreachable_scheduler_stops_the_server_at_start_with_the_reason():
+    with pytest.raises(RuntimeError, match="cannot reach the Dask scheduler") as err:
+        ServerProcess("--dask-scheduler", "tcp://127.0.0.1:1", timeout=120)
+    assert "--dask-scheduler tcp://127.0.0.1:1" in str(err.value)
