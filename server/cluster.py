@@ -134,7 +134,8 @@ class Cluster:
             raise SystemExit(f"--dask-scheduler {config.dask_scheduler}: cannot reach the Dask scheduler "
                              f"({exc})") from None
         budget = config.dask_store_bytes or self.workers_memory() or (1 << 62)
-        self.store = HandleStore(budget, store_ttl, on_drop=self._unpublish_later)
+        self.store = HandleStore(budget, store_ttl, on_drop=self._unpublish_later,
+                                 limit="the partitioned tensors' budget (--dask-store-bytes)")
         self._unpublish: queue.SimpleQueue[str] = queue.SimpleQueue()
         threading.Thread(target=self._unpublisher, name="sparseserve-unpublish", daemon=True).start()
 

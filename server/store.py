@@ -44,7 +44,7 @@ STORE_LIMIT, STORE_REASON = "the whole store budget (--store-bytes)", "STORE_BUD
 class HandleStore:
     def __init__(self, budget_bytes: int, ttl_seconds: float,
                  clock: Callable[[], float] = time.monotonic, tenant_budget_bytes: int = 0,
-                 on_drop: Callable[[str], None] | None = None):
+                 on_drop: Callable[[str], None] | None = None, limit: str = STORE_LIMIT):
         self.budget_bytes = int(budget_bytes)
         self.tenant_budget_bytes = int(tenant_budget_bytes)  # 0: tenants share the whole budget
         self._tenant_bytes: dict[str, int] = {}
@@ -56,13 +56,14 @@ class HandleStore:
         self.evictions = 0
         # Told each handle that leaves (deleted, evicted, expired), under the lock: it must not block.
         self._on_drop = on_drop
+        self._limit = limit  # how a tensor bigger than the budget is told which budget
 
     # ------------------------------------------------------------------ public
     def put(self, tensor: Any, tenant: str = "", handle: str | None = None) -> tuple[str, int]:
         nbytes = tensor_nbytes(tensor)
         if nbytes > self.budget_bytes:
             raise ResourceExhaustedError(
-                f"the tensor takes {nbytes} bytes, over {STORE_LIMIT} of {self.budget_bytes} bytes",
+                f"the tensor takes {nbytes} bytes, over {self._limit} of {self.budget_bytes} bytes",
                 reason=STORE_REASON)
         quota = self.tenant_budget_bytes
         if quota and nbytes > quota:

@@ -359,6 +359,9 @@ def test_eviction_and_expiry_free_the_blocks(cluster, dask):
         eventually(lambda: not held(dask, first_keys))
         with pytest.raises(NotFoundError):
             run(svc.get(first, ""))
+        with pytest.raises(ResourceExhaustedError, match="--dask-store-bytes") as err:
+            put(svc, coo((900, 40), 4000, seed=13))  # bigger than the whole budget: refused, not stored
+        assert err.value.reason == "STORE_BUDGET"
         second_keys = block_keys(svc, second)
         clock[0] = 1000.0  # past the TTL: gone at the next look at the store
         svc.cluster.store.stats()
