@@ -55,15 +55,20 @@ _CONNECT_SECONDS = 10
 
 @dataclass
 class DistributedTensor:
-    """A tensor in row blocks on the Dask workers. ``like`` is a stand-in with its shape, dtype,
-    layout and flags and no entries (its arrays take no memory), which is what argument checks
-    read; ``nnz`` and ``nbytes`` are the whole tensor's."""
+    """A tensor in row blocks on the Dask workers. ``meta`` describes a block (``block_meta``:
+    layout, dtype, trailing shape, flags, the whole tensor's coalesced flag); ``like`` is made
+    from it, a stand-in with the whole shape and no entries (its arrays take no memory), which
+    is what argument checks read. ``nnz`` and ``nbytes`` are the whole tensor's."""
 
     blocks: list[Any]  # Dask futures, one per block
     bounds: list[int]
-    like: Any
+    meta: dict[str, Any]
     block_nnz: list[int]
     nbytes: int
+
+    def __post_init__(self):
+        # Never published: a stand-in's zero-stride arrays would be pickled at full size.
+        self.like = stand_in(self.meta, self.bounds[-1])
 
     @property
     def nnz(self) -> int:
@@ -169,7 +174,7 @@ class Cluster:
     def keep(self, dt: DistributedTensor, tenant: str) -> tuple[str, int]:
         handle = "h-" + secrets.token_hex(16)
         record = {"tenant": tenant, "bounds": dt.bounds, "block_nnz": dt.block_nnz, "nbytes": dt.nbytes,
-                  "like": dt.like, "blocks": dt.blocks}
+                  "meta": dt.meta, "blocks": dt.blocks}
         with _dask_errors("publishing a partitioned tensor"):
             self.client.publish_dataset(**{handle: record})
         try:
@@ -191,7 +196,7 @@ class Cluster:
             raise PermissionDeniedError(f"handle {handle!r} belongs to another tenant", reason="OTHER_TENANT")
         with contextlib.suppress(SparseServeError):
             self.store.get(handle, tenant)  # a use: renews its TTL where it was made
-        return DistributedTensor(record["blocks"], record["bounds"], record["like"], record["block_nnz"],
+        return DistributedTensor(record["blocks"], record["bounds"], record["meta"], record["block_nnz"],
                                  record["nbytes"])
 
     def delete(self, handle: str, tenant: str) -> None:
@@ -366,10 +371,10 @@ class Cluster:
         """The tensor whose blocks the tasks ``futures`` compute, once they have (their errors
         raised here, before anything is kept)."""
         metas = self._results([self.client.submit(block_meta, f, pure=False) for f in futures])
-        like = stand_in(metas[0], bounds[-1])
-        if isinstance(like, SparseTensor):
-            like.coalesced = all(m["coalesced"] for m in metas)
-        return DistributedTensor(futures, list(bounds), like, [m["nnz"] for m in metas],
+        meta = dict(metas[0])
+        if meta["layout"] != "dense":
+            meta["coalesced"] = all(m["coalesced"] for m in metas)
+        return DistributedTensor(futures, list(bounds), meta, [m["nnz"] for m in metas],
                                  sum(m["nbytes"] for m in metas))
 
     def _joined(self, blocks: "_Blocks", what: str) -> Any:

@@ -221,6 +221,21 @@ def test_csr_matmul_and_reduction(service, single):
                 execute(single, "reduce_sum", {"sp_input": csr, "axis": [0]}))
 
 
+def test_what_the_scheduler_holds_per_handle_is_small(service, dask):
+    """Metadata, not a stand-in: a stand-in's zero-stride arrays would pickle at full size."""
+    import pickle
+
+    rows = 4_000_000
+    ptr = np.zeros(rows + 1, np.int64)
+    ptr[1:] = 1
+    tall = SparseTensor(layout="csr", compressed_indices=ptr, plain_indices=np.zeros(1, np.int64),
+                        values=np.ones(1), dense_shape=[rows, 3])
+    handle = put(service, tall, partitions=2)
+    record = dask.get_dataset(handle)
+    assert len(pickle.dumps({k: v for k, v in record.items() if k != "blocks"})) < 4096
+    assert run(service.get(handle, "")).dense_shape == (rows, 3)
+
+
 def test_concat_along_rows_mixes_partitioned_and_inline(service, single):
     b = coo((50, 40), 200, seed=9)
     handle = put(service, A)
