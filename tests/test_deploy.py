@@ -2,13 +2,21 @@
 CPU image for real).
 
 Parses ``deploy/Dockerfile``, ``deploy/Dockerfile.gpu``, ``deploy/compose.yaml`` and the
-Kubernetes manifests (``deploy/k8s/base`` and the ``deploy/k8s/tls`` overlay, its JSON
-patch applied here) and checks them against the server: every ``SPARSESERVE_*`` name is
+Kubernetes manifests (``deploy/k8s/base``, the ``deploy/k8s/tls`` and
+``deploy/k8s/distributed`` overlays and the ``deploy/k8s/dask`` component, their JSON
+patches applied here) and checks them against the server: every ``SPARSESERVE_*`` name is
 a setting of ``ServerConfig`` and its value parses with the server's own parser, ports are
 the defaults and the same everywhere, probe and health-check paths are routes the REST app
 serves, the command line is ``sparseserve serve``, the GPU variants pick ``cuda`` and ask
 for a GPU, grace periods outlast ``--shutdown-grace``, the read-only root filesystem keeps
 numba's cache directory writable, and every manifest is listed in its kustomization.
+
+The Dask pieces (compose profile ``distributed``, the ``dask`` component) are checked
+against Dask's own code: their command lines parse with the click commands ``dask
+scheduler`` and ``dask worker`` run, the replicas' ``--dask-scheduler`` is the scheduler's
+address and port, probes and health checks hit ports the commands listen on and routes
+Dask serves, ``--memory-limit`` fits the container, and the workers' preStop hook is run
+against a real scheduler.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from sparseserve.server.config import ServerConfig, build_parser, env_name
+from sparseserve.server.config import ServerConfig, build_parser, config_from_args, env_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -48,6 +56,15 @@ def effective_config(env: dict[str, str], argv: list[str] = ()) -> object:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SPARSESERVE_")}
     with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
         return build_parser().parse_args(list(argv))
+
+
+def checked_config(env: dict[str, str], argv: list[str] = ()) -> ServerConfig:
+    """``effective_config`` through ``config_from_args``, so its range checks run too (TLS
+    files, which are not here, left out)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPARSESERVE_")}
+    env = {k: v for k, v in env.items() if k not in (env_name("tls_cert"), env_name("tls_key"))}
+    with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
+        return config_from_args(list(argv))
 
 
 def check_settings(env: dict[str, str], where: str) -> None:
@@ -194,14 +211,23 @@ def kustomization(directory: Path) -> dict:
     return yaml.safe_load((directory / "kustomization.yaml").read_text())
 
 
-def render(directory: Path) -> list[dict]:
-    """The objects a kustomization makes: its resources (recursively), patches applied
-    to the kinds/labels they target, images retagged."""
+def render(directory: Path, docs: list[dict] | None = None) -> list[dict]:
+    """The objects a kustomization makes: its resources (recursively), then its components
+    (each adds its resources and patches everything so far, ``docs``), patches applied to
+    the kinds/labels they target, images retagged."""
     k = kustomization(directory)
-    docs: list[dict] = []
+    docs = [] if docs is None else docs
     for entry in k.get("resources", []):
         path = (directory / entry).resolve()
-        docs += render(path) if path.is_dir() else load_yaml_docs(path)
+        if path.is_dir():
+            assert kustomization(path).get("kind", "Kustomization") == "Kustomization", f"{entry}: a resource"
+            docs += render(path)
+        else:
+            docs += load_yaml_docs(path)
+    for entry in k.get("components", []):
+        path = (directory / entry).resolve()
+        assert kustomization(path)["kind"] == "Component", f"{entry} is listed as a component"
+        docs = render(path, docs)
     for patch in k.get("patches", []):
         ops = yaml.safe_load((directory / patch["path"]).read_text())
         target = patch["target"]
@@ -241,6 +267,8 @@ def container_env(container: dict) -> dict[str, str]:
             env[item["name"]] = str(item["value"])
         elif "resourceFieldRef" in item.get("valueFrom", {}):
             env[item["name"]] = "4"
+        elif "fieldRef" in item.get("valueFrom", {}):
+            env[item["name"]] = f"<{item['valueFrom']['fieldRef']['fieldPath']}>"
         else:
             env[item["name"]] = "<from elsewhere>"
     return env
@@ -262,12 +290,126 @@ def quantity_cpu(q) -> float:
     return float(str(q)[:-1]) / 1000 if str(q).endswith("m") else float(q)
 
 
-RENDERINGS = {"base": K8S / "base", "tls": K8S / "tls"}
+def kubelet_expand(argv: list[str], env: dict[str, str]) -> list[str]:
+    """$(VAR) in a container's command and args, expanded from its env as the kubelet does."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
+
+
+def replica_deployments(docs: list[dict]) -> dict[str, dict]:
+    """The sparseserve servers' Deployments, by name."""
+    return {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")
+            if d["metadata"]["labels"]["app.kubernetes.io/name"] == "sparseserve"}
+
+
+def dask_deployments(docs: list[dict]) -> dict[str, dict]:
+    """The Dask pods' Deployments, by component: scheduler, worker."""
+    return {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in by_kind(docs, "Deployment")
+            if d["metadata"]["labels"]["app.kubernetes.io/name"] == "dask"}
+
+
+def only_container(doc: dict) -> dict:
+    (container,) = pod_spec(doc)["containers"]
+    return container
+
+
+def kernel_container(doc: dict) -> dict | None:
+    """The container that runs our kernels (and so needs numba's cache): the server, a Dask
+    worker; None for the Dask scheduler, which runs none of our code."""
+    labels = doc["metadata"]["labels"]
+    if labels["app.kubernetes.io/name"] != "dask":
+        return server_container(doc)
+    return only_container(doc) if labels["app.kubernetes.io/component"] == "worker" else None
+
+
+def declared_ports(container: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+
+
+def selects(selector: dict, doc: dict) -> bool:
+    labels = doc["spec"]["template"]["metadata"]["labels"]
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def dask_command(argv: list[str]) -> tuple[str, dict]:
+    """``dask scheduler|worker ...`` parsed by the click command that ``dask`` itself runs for
+    it (entry point group ``dask_cli``): an unknown option or a bad value fails here as there."""
+    from importlib.metadata import entry_points
+
+    assert argv[0] == "dask", argv
+    (entry,) = entry_points(group="dask_cli", name=argv[1])
+    params = entry.load().make_context(f"dask {argv[1]}", list(argv[2:])).params
+    assert params["preload_argv"] == (), f"dask {argv[1]}: {params['preload_argv']} left over"
+    return argv[1], params
+
+
+def listen_port(address) -> int:
+    """The port of a Dask address flag: '8786', ':8787', 'tcp://host:8786'."""
+    return int(str(address).rsplit(":", 1)[-1])
+
+
+def dask_listens(which: str, params: dict) -> dict[str, int]:
+    """What a parsed ``dask scheduler|worker`` command listens on: comm (and nanny) and http."""
+    if which == "scheduler":
+        ports = {"comm": listen_port(params["port"])}
+    else:
+        ports = {"comm": listen_port(params["worker_port"]), "nanny": listen_port(params["nanny_port"])}
+    if params["dashboard"]:
+        ports["http"] = listen_port(params["dashboard_address"])
+    return ports
+
+
+def dask_http_routes(which: str) -> set[str]:
+    """The paths Dask's http server (on --dashboard-address) serves without bokeh."""
+    import dask
+
+    importlib.import_module("distributed")  # adds its config, where the route modules are named
+    paths = set()
+    for module in dask.config.get(f"distributed.{which}.http.routes"):
+        paths |= {route[0] for route in importlib.import_module(module).routes}
+    return paths
+
+
+def k8s_dask(doc: dict) -> tuple[dict, str, dict]:
+    """A Dask pod's container and its command, expanded and parsed."""
+    container = only_container(doc)
+    argv = kubelet_expand([*container.get("command", []), *container.get("args", [])], container_env(container))
+    which, params = dask_command(argv)
+    return container, which, params
+
+
+def compose_bytes(value: str) -> int:
+    """Compose's byte values (mem_limit): 4g, 512m, 1.5gb; binary multiples."""
+    number, unit = re.fullmatch(r"([0-9.]+)\s*([bkmg]?)b?", str(value).lower()).groups()
+    return int(float(number) * {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit])
+
+
+# Headroom a Dask worker's container keeps above --memory-limit: the nanny, which restarts the
+# worker past 95 % of it, lives beside it (as does the preStop hook in Kubernetes).
+DASK_HEADROOM = 256 << 20
+
+RENDERINGS = {"base": K8S / "base", "tls": K8S / "tls", "distributed": K8S / "distributed", "tls+dask": None}
+WITH_TLS = {"tls", "tls+dask"}
+WITH_DASK = {"distributed", "tls+dask"}
+
+
+@pytest.fixture(scope="module")
+def tls_and_dask(tmp_path_factory) -> Path:
+    """What deploy/k8s/distributed/kustomization.yaml suggests for TLS and Dask together."""
+    directory = tmp_path_factory.mktemp("tls-and-dask")
+    k8s = os.path.relpath(K8S, directory)  # kustomize wants relative paths
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{k8s}/tls"], "components": [f"{k8s}/dask"]}))
+    return directory
+
+
+def rendering_dir(name: str, request) -> Path:
+    return RENDERINGS[name] or request.getfixturevalue("tls_and_dask")
 
 
 @pytest.fixture(scope="module", params=sorted(RENDERINGS))
 def rendering(request) -> tuple[str, list[dict]]:
-    return request.param, render(RENDERINGS[request.param])
+    return request.param, render(rendering_dir(request.param, request))
 
 
 # ------------------------------------------------------------------------ Dockerfiles
@@ -292,10 +434,25 @@ def test_dockerfile_installs_the_package_not_editable_with_the_right_extras(dock
     assert len(installs) == 1, installs
     assert " -e " not in installs[0] and "--editable" not in installs[0]
     extras = set(re.search(r'"\.\[([a-z,]+)\]"', installs[0]).group(1).split(","))
-    expected = {"server"} if dockerfile.path.name == "Dockerfile" else {"server", "gpu"}
+    # distributed: the same image runs the Dask scheduler and workers (--dask-scheduler).
+    expected = {"server", "distributed"} | ({"gpu"} if dockerfile.path.name == "Dockerfile.gpu" else set())
     assert extras == expected
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras <= set(declared)
+
+
+def test_dockerfile_runs_dask_from_the_same_venv(dockerfile):
+    """Compose and the manifests start the Dask pieces as `dask scheduler|worker ...` in this
+    image: the distributed extra brings the `dask` script, into the venv that leads PATH."""
+    from importlib.metadata import distribution, entry_points
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(re.match(r"dask\[distributed\]", req) for req in declared["distributed"])
+    assert any(e.name == "dask" and e.group == "console_scripts" for e in distribution("dask").entry_points)
+    assert {"scheduler", "worker"} <= {e.name for e in entry_points(group="dask_cli")}
+    venv = "/opt/sparseserve/venv"
+    assert any(f"-m venv {venv}" in rest for rest in dockerfile.instructions("RUN", dockerfile.stages[0]))
+    assert dockerfile.final_env()["PATH"].split(":")[0] == f"{venv}/bin"
 
 
 def test_dockerfile_copies_what_exists_and_is_not_dockerignored(dockerfile):
@@ -386,16 +543,23 @@ def test_healthcheck_script_against_a_real_server(server):
 
 
 # ------------------------------------------------------------------------ compose
-def test_compose_has_a_cpu_worker_and_a_gpu_profile():
+COMPOSE_REPLICAS = {"cpu": "cpu", "gpu": "cuda", "distributed": "cpu"}  # service -> device
+COMPOSE_DASK = {"dask-scheduler", "dask-worker"}
+
+
+def test_compose_has_a_cpu_worker_and_a_gpu_and_a_distributed_profile():
     services = compose()["services"]
-    assert set(services) == {"cpu", "gpu"}
+    assert set(services) == set(COMPOSE_REPLICAS) | COMPOSE_DASK
     assert "profiles" not in services["cpu"], "the CPU worker starts with a plain `up`"
     assert services["gpu"]["profiles"] == ["gpu"]
-    assert services["cpu"]["build"]["dockerfile"] == "deploy/Dockerfile"
-    assert services["gpu"]["build"]["dockerfile"] == "deploy/Dockerfile.gpu"
-    for service in services.values():
+    for name in COMPOSE_DASK | {"distributed"}:
+        assert services[name]["profiles"] == ["distributed"], name
+    for name, service in services.items():
+        assert service["build"]["dockerfile"] == ("deploy/Dockerfile.gpu" if name == "gpu" else "deploy/Dockerfile")
         context = (DEPLOY / service["build"]["context"]).resolve()
         assert context == ROOT and (context / service["build"]["dockerfile"]).is_file()
+        if name != "gpu":
+            assert service["image"] == services["cpu"]["image"], f"{name}: the CPU image, as the replica's"
     reservation = services["gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in reservation)
     assert "deploy" not in services["cpu"]
@@ -404,12 +568,13 @@ def test_compose_has_a_cpu_worker_and_a_gpu_profile():
 def test_compose_environment_ports_and_health(routes):
     services = compose()["services"]
     host_ports = []
-    for name, service in services.items():
+    for name in COMPOSE_REPLICAS:
+        service = services[name]
         env = {k: interpolate(v) for k, v in service["environment"].items()}
         check_settings(env, f"compose service {name}")
         image = gpu_dockerfile() if name == "gpu" else cpu_dockerfile()
         ns = effective_config({**image.final_env(), **env}, service.get("command", []))
-        assert ns.device == {"cpu": "cpu", "gpu": "cuda"}[name]
+        assert ns.device == COMPOSE_REPLICAS[name]
         assert service.get("entrypoint", ENTRYPOINT) == ENTRYPOINT
         container_ports = set()
         for spec in service["ports"]:
@@ -421,15 +586,60 @@ def test_compose_environment_ports_and_health(routes):
         assert test[:3] == ["CMD", "python", "/opt/sparseserve/healthcheck.py"] and test[3] in routes
         grace = float(service["stop_grace_period"].rstrip("s"))
         assert grace > ns.shutdown_grace, f"{name}: docker stop must outwait --shutdown-grace"
-    assert len(host_ports) == len(set(host_ports)), "both profiles can run side by side"
+    assert len(host_ports) == len(set(host_ports)), "the profiles can run side by side"
     check_text_names((DEPLOY / "compose.yaml").read_text(), "compose.yaml")
+
+
+def test_compose_distributed_profile_meets_on_one_scheduler():
+    services = compose()["services"]
+    parsed = {}
+    for name in sorted(COMPOSE_DASK):
+        service = services[name]
+        assert service.get("entrypoint") == ["dask"], f"{name}: not the image's `sparseserve serve`"
+        which, params = dask_command([*service["entrypoint"], *service["command"]])
+        assert which == name.removeprefix("dask-")
+        parsed[which] = params
+        listens = dask_listens(which, params)
+        # The image's HEALTHCHECK asks sparseserve's /healthz: each Dask service has its own.
+        test = service["healthcheck"]["test"]
+        url = re.search(r"http://127\.0\.0\.1:(\d+)(/[\w/]*)", " ".join(test))
+        assert test[:2] == ["CMD", "python"] and url, test
+        assert int(url.group(1)) == listens["http"] and url.group(2) in dask_http_routes(which)
+        assert "ports" not in service, f"{name}: Dask's ports stay on the compose network"
+    address = f"tcp://dask-scheduler:{listen_port(parsed['scheduler']['port'])}"
+    assert parsed["worker"]["scheduler"] == address
+    assert parsed["worker"]["name"] is None, "`--scale dask-worker=N` needs names Dask makes unique"
+
+    replica = services["distributed"]
+    env = {k: interpolate(v) for k, v in replica["environment"].items()}
+    check_settings(env, "compose service distributed")
+    config = checked_config({**cpu_dockerfile().final_env(), **env})
+    assert config.dask_scheduler == address
+    for dependency in ("dask-scheduler", "dask-worker"):
+        assert replica["depends_on"][dependency]["condition"] == "service_healthy"
+    assert services["dask-worker"]["depends_on"]["dask-scheduler"]["condition"] == "service_healthy"
+
+    # The worker: its memory limit inside the container's, numba's cache the image's own.
+    worker = services["dask-worker"]
+    from dask.utils import parse_bytes
+
+    limit = compose_bytes(worker["mem_limit"])
+    memory = parse_bytes(parsed["worker"]["memory_limit"])
+    assert limit * 3 // 4 <= memory <= limit - DASK_HEADROOM, (memory, limit)
+    assert 0 < config.dask_store_bytes <= memory, "one replica's partitioned tensors fit the one worker"
+    image_env = cpu_dockerfile().final_env()
+    worker_env = {**image_env, **{k: interpolate(v) for k, v in worker.get("environment", {}).items()}}
+    assert worker_env["NUMBA_CACHE_DIR"] == image_env["NUMBA_CACHE_DIR"], "kernels load from the image's cache"
 
 
 # ------------------------------------------------------------------------ Kubernetes
 def test_kustomizations_list_every_manifest():
-    for directory in (K8S / "base", K8S / "tls"):
+    directories = {p.parent for p in K8S.rglob("kustomization.yaml")}
+    # Each is rendered below: an overlay in RENDERINGS, the dask component through them.
+    assert directories == {K8S / "base", K8S / "tls", K8S / "dask", K8S / "distributed"}
+    for directory in directories:
         k = kustomization(directory)
-        listed = set(k.get("resources", [])) | {p["path"] for p in k.get("patches", [])}
+        listed = set(k.get("resources", [])) | set(k.get("components", [])) | {p["path"] for p in k.get("patches", [])}
         for entry in listed:
             assert (directory / entry).exists(), f"{directory.name}/kustomization.yaml lists missing {entry}"
         files = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
@@ -438,11 +648,12 @@ def test_kustomizations_list_every_manifest():
         "manifests live in base/ (or an overlay); only the Secrets example is outside"
 
 
-def test_kubectl_kustomize_agrees_when_kubectl_is_here():
+def test_kubectl_kustomize_agrees_when_kubectl_is_here(request):
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl not installed: the patches are applied by this test's own renderer")
-    for name, directory in RENDERINGS.items():
+    for name in RENDERINGS:
+        directory = rendering_dir(name, request)
         out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, f"kubectl kustomize {name}: {out.stderr}"
         theirs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
@@ -450,13 +661,13 @@ def test_kubectl_kustomize_agrees_when_kubectl_is_here():
         assert set(theirs) == set(ours)
         for key, doc in ours.items():
             if doc["kind"] == "Deployment":
-                assert server_container(theirs[key]) == server_container(doc), f"{name}: {key}"
+                assert pod_containers(theirs[key]) == pod_containers(doc), f"{name}: {key}"
                 assert pod_spec(theirs[key])["volumes"] == pod_spec(doc)["volumes"]
 
 
 def test_deployments_environment_and_command(rendering):
     name, docs = rendering
-    deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    deployments = replica_deployments(docs)
     assert set(deployments) == {"sparseserve-cpu", "sparseserve-gpu"}
     for dname, doc in deployments.items():
         container = server_container(doc)
@@ -479,7 +690,7 @@ def test_deployments_environment_and_command(rendering):
         item = tokens["secret"]["items"][0]
         assert token_file == f"{mounts[tokens['name']]['mountPath']}/{item['path']}"
         assert mounts[tokens["name"]].get("readOnly") is True
-        if name == "tls":
+        if name in WITH_TLS:
             (tls,) = [v for v in volumes.values() if v.get("secret", {}).get("secretName") == "sparseserve-tls"]
             base = mounts[tls["name"]]["mountPath"]
             assert (ns.tls_cert, ns.tls_key) == (f"{base}/tls.crt", f"{base}/tls.key")
@@ -491,7 +702,7 @@ def test_probes_use_real_routes_and_ports(rendering, routes):
     from sparseserve.server import grpc_wire
 
     name, docs = rendering
-    for doc in by_kind(docs, "Deployment"):
+    for doc in replica_deployments(docs).values():
         container = server_container(doc)
         image = gpu_dockerfile() if doc["metadata"]["name"].endswith("gpu") else cpu_dockerfile()
         ns = effective_config({**image.final_env(), **container_env(container)})
@@ -525,7 +736,7 @@ def test_probes_use_real_routes_and_ports(rendering, routes):
 
 def test_termination_grace_outlasts_shutdown_grace(rendering):
     _, docs = rendering
-    for doc in by_kind(docs, "Deployment"):
+    for doc in replica_deployments(docs).values():
         container = server_container(doc)
         ns = effective_config(container_env(container))
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
@@ -542,14 +753,26 @@ def test_security_context_and_writable_paths(rendering):
         uid = int(image.final_arg("UID"))
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] == uid == pod["securityContext"]["runAsGroup"]
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["enableServiceLinks"] is False, \
+            "Services named sparseserve* would inject SPARSESERVE_*_PORT variables"
         volumes = {v["name"]: v for v in pod["volumes"]}
         for container in pod_containers(doc):
             sc = container["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
             assert sc["readOnlyRootFilesystem"] is True
+            assert "/tmp" in {m["mountPath"] for m in container.get("volumeMounts", [])} \
+                or container in pod.get("initContainers", []), f"{container['name']}: a writable /tmp"
+            for item in container.get("env", []):
+                ref = item.get("valueFrom", {}).get("resourceFieldRef")
+                if ref:  # a container name that is not in the pod fails the pod's creation
+                    assert ref["containerName"] == container["name"], f"{container['name']}: {item['name']}"
         # numba needs its cache directory writable even to read it: an emptyDir there,
         # seeded by an init container from the image's own cache.
-        container = server_container(doc)
+        container = kernel_container(doc)
+        if container is None:
+            continue
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         writable = [image.final_env()["NUMBA_CACHE_DIR"], "/tmp"] + ([image.final_env()["CUPY_CACHE_DIR"]] if gpu else [])
         for path in writable:
@@ -565,13 +788,20 @@ def test_resources_gpu_and_images(rendering):
     _, docs = rendering
     services = compose()["services"]
     for doc in by_kind(docs, "Deployment"):
-        gpu = doc["metadata"]["name"].endswith("gpu")
         for container in pod_containers(doc):
             res = container["resources"]
             for kind in ("cpu", "memory"):
                 assert kind in res["requests"] and kind in res["limits"], f"{container['name']}: {kind}"
             assert quantity_cpu(res["limits"]["cpu"]) >= quantity_cpu(res["requests"]["cpu"])
             assert quantity_bytes(res["limits"]["memory"]) >= quantity_bytes(res["requests"]["memory"])
+    cpu_image = server_container(replica_deployments(docs)["sparseserve-cpu"])["image"]
+    for component, doc in dask_deployments(docs).items():
+        # The workers unpickle and run the replicas' code, and Dask wants one version everywhere.
+        for container in pod_containers(doc):
+            assert container["image"] == cpu_image == services[f"dask-{component}"]["image"], container["name"]
+            assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    for doc in replica_deployments(docs).values():
+        gpu = doc["metadata"]["name"].endswith("gpu")
         container = server_container(doc)
         res = container["resources"]
         ns = effective_config(container_env(container))
@@ -587,15 +817,19 @@ def test_resources_gpu_and_images(rendering):
 
 
 def test_services_hpa_and_pdb_select_the_workers(rendering):
-    _, docs = rendering
+    name, docs = rendering
     deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    dask = {d["metadata"]["name"] for d in dask_deployments(docs).values()}
 
     def selected(selector: dict) -> set[str]:
-        return {n for n, d in deployments.items()
-                if all(d["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in selector.items())}
+        return {n for n, d in deployments.items() if selects(selector, d)}
 
-    services = by_kind(docs, "Service")
+    all_services = by_kind(docs, "Service")
+    services = [s for s in all_services if not selected(s["spec"]["selector"]) & dask]
     assert {s["metadata"]["name"] for s in services} == {"sparseserve", "sparseserve-gpu"}
+    dask_services = {s["metadata"]["name"]: selected(s["spec"]["selector"]) for s in all_services if s not in services}
+    assert dask_services == ({"sparseserve-dask-scheduler": {"sparseserve-dask-scheduler"}}
+                             if name in WITH_DASK else {}), "only the scheduler is dialled by name"
     for service in services:
         (target,) = selected(service["spec"]["selector"])
         assert target == ("sparseserve-gpu" if service["metadata"]["name"].endswith("gpu") else "sparseserve-cpu")
@@ -616,10 +850,117 @@ def test_services_hpa_and_pdb_select_the_workers(rendering):
     assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     pdbs = by_kind(docs, "PodDisruptionBudget")
     covered = set().union(*(selected(p["spec"]["selector"]["matchLabels"]) for p in pdbs))
-    assert covered == set(deployments), "every worker Deployment has a PodDisruptionBudget"
+    # Not the Dask scheduler: there is one, and a budget that forbade evicting it would block drains.
+    assert covered == set(deployments) - {"sparseserve-dask-scheduler"}, \
+        "every worker Deployment has a PodDisruptionBudget"
     for pdb in pdbs:
         assert pdb["apiVersion"] == "policy/v1"
         assert pdb["spec"].get("maxUnavailable", 0) >= 1 or pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+
+
+def test_dask_scheduler_workers_and_replicas_meet(rendering):
+    from dask.utils import parse_bytes
+
+    name, docs = rendering
+    replicas = replica_deployments(docs)
+    dask = dask_deployments(docs)
+    if name not in WITH_DASK:
+        assert not dask, "a plain `kubectl apply -k deploy/k8s/base` (or tls) runs no Dask"
+        for doc in replicas.values():
+            assert effective_config(container_env(server_container(doc))).dask_scheduler is None
+        return
+    assert set(dask) == {"scheduler", "worker"}
+    parsed = {}
+    for component, doc in dask.items():
+        container, which, params = k8s_dask(doc)
+        assert which == component
+        parsed[which] = params
+        listens = dask_listens(which, params)
+        ports = declared_ports(container)
+        assert set(ports.values()) == set(listens.values()), f"{which}: declared {ports}, listens {listens}"
+        # Probes on ports the command listens on; ready when the comm port accepts.
+        for probe_name in ("readinessProbe", "livenessProbe"):
+            probe = container[probe_name]
+            (kind,) = {"tcpSocket", "httpGet"} & set(probe)
+            port = ports.get(probe[kind]["port"], probe[kind]["port"])
+            if kind == "httpGet":
+                assert port == listens["http"] and probe["httpGet"]["path"] in dask_http_routes(which)
+            else:
+                assert port in listens.values()
+        ready = container["readinessProbe"]
+        assert ports.get(ready["tcpSocket"]["port"]) == listens["comm"], f"{which}: ready = accepts comms"
+
+    # One scheduler, replaced rather than rolled (two at once could split the workers).
+    scheduler = dask["scheduler"]
+    assert scheduler["spec"]["replicas"] == 1 and scheduler["spec"]["strategy"]["type"] == "Recreate"
+    (service,) = [s for s in by_kind(docs, "Service") if selects(s["spec"]["selector"], scheduler)]
+    scheduler_ports = declared_ports(only_container(scheduler))
+    (port,) = [p["port"] for p in service["spec"]["ports"]
+               if scheduler_ports.get(p["targetPort"], p["targetPort"]) == listen_port(parsed["scheduler"]["port"])]
+    address = f"tcp://{service['metadata']['name']}:{port}"
+
+    # The workers and the CPU replicas dial it.
+    assert parsed["worker"]["scheduler"] == address
+    config = checked_config(container_env(server_container(replicas["sparseserve-cpu"])))
+    assert config.dask_scheduler == address
+
+    # The workers: a name per pod (the preStop hook retires by it), threads and numba's pool
+    # per the CPU limit, --memory-limit inside the container's, spill room in the local directory.
+    worker = dask["worker"]
+    container = only_container(worker)
+    raw = dask_command([*container["command"], *container.get("args", [])])[1]
+    env_items = {item["name"]: item for item in container["env"]}
+    assert raw["name"] == "$(POD_NAME)"
+    assert env_items["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    limits = container["resources"]["limits"]
+    assert parsed["worker"]["nthreads"] == quantity_cpu(limits["cpu"])
+    assert env_items["NUMBA_NUM_THREADS"]["valueFrom"]["resourceFieldRef"]["resource"] == "limits.cpu"
+    memory = parse_bytes(parsed["worker"]["memory_limit"])
+    limit = quantity_bytes(limits["memory"])
+    assert limit * 3 // 4 <= memory <= limit - DASK_HEADROOM, (memory, limit)
+    assert quantity_bytes(container["resources"]["requests"]["memory"]) == limit, \
+        "a worker evicted under node pressure loses its blocks"
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(worker)["volumes"]}
+    scratch = volumes[mounts[parsed["worker"]["local_directory"]]]
+    assert quantity_bytes(scratch["emptyDir"]["sizeLimit"]) >= memory, "room to spill what memory holds"
+    # Blocks have somewhere to go when a worker retires.
+    assert worker["spec"]["replicas"] >= 2
+    assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[0] == "python" and hook[-1] == address
+    assert pod_spec(worker)["terminationGracePeriodSeconds"] >= 60
+
+    # The replicas' partitioned budgets, at the HPA's minimum, fit the workers' memory.
+    (hpa,) = by_kind(docs, "HorizontalPodAutoscaler")
+    assert 0 < config.dask_store_bytes
+    assert hpa["spec"]["minReplicas"] * config.dask_store_bytes <= worker["spec"]["replicas"] * memory
+
+
+def test_dask_worker_prestop_hands_its_blocks_to_the_others():
+    """The workers' preStop hook, run as the kubelet would (the manifest's argv, the pod's
+    POD_NAME) against a real scheduler with two workers named like pods: the blocks of the one
+    going move to the other, and a dataset published before it went still gathers."""
+    from distributed import Client, Scheduler, SpecCluster, Worker
+
+    container = only_container(dask_deployments(render(K8S / "distributed"))["worker"])
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[0] == "python", "the image's python (the venv leads PATH)"
+    workers = {n: {"cls": Worker, "options": {"nthreads": 1}} for n in ("pod-a", "pod-b")}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    with SpecCluster(scheduler=scheduler, workers=workers) as cluster, Client(cluster) as client:
+        address = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+        assert set(address) == {"pod-a", "pod-b"}
+        blocks = client.scatter(list(range(8)), workers=[address["pod-a"]], hash=False)
+        client.publish_dataset(handle=blocks)
+        del blocks
+        done = subprocess.run([sys.executable, *hook[1:-1], cluster.scheduler_address],
+                              env={**os.environ, "POD_NAME": "pod-a"}, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert {w["name"] for w in client.scheduler_info()["workers"].values()} == {"pod-b"}
+        blocks = client.get_dataset("handle")
+        assert set().union(*client.who_has(blocks).values()) == {address["pod-b"]}
+        assert client.gather(blocks) == list(range(8))
 
 
 def test_secrets_example_matches_what_the_workers_mount():
