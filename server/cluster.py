@@ -132,12 +132,11 @@ def _distributed_in(value: Any) -> bool:
 class Cluster:
     def __init__(self, config, store_ttl: float):
         self.config = config
+        self._reconnecting = threading.Lock()
         try:
-            self.client = Client(config.dask_scheduler, timeout=_CONNECT_SECONDS,
-                                 set_as_default=False)
-        except (OSError, TimeoutError) as exc:
-            raise SystemExit(f"--dask-scheduler {config.dask_scheduler}: cannot reach the Dask scheduler "
-                             f"({exc})") from None
+            self._client = self._connect()
+        except UnavailableError as exc:
+            raise SystemExit(f"--dask-scheduler {config.dask_scheduler}: {exc.message}") from None
         budget = config.dask_store_bytes or self.workers_memory() or (1 << 62)
         self.store = HandleStore(budget, store_ttl, on_drop=self._unpublish_later,
                                  limit="the partitioned tensors' budget (--dask-store-bytes)")
@@ -145,6 +144,23 @@ class Cluster:
         threading.Thread(target=self._unpublisher, name="sparseserve-unpublish", daemon=True).start()
 
     # ----------------------------------------------------------------- cluster
+    @property
+    def client(self) -> Client:
+        """The Dask client; a new one when it has closed, which Dask does for good once the
+        scheduler has been unreachable past its reconnect timeout (a restart, say)."""
+        if self._client.status in ("closing", "closed"):
+            with self._reconnecting:
+                if self._client.status in ("closing", "closed"):
+                    log.warning("the Dask client closed; connecting to %s again", self.config.dask_scheduler)
+                    self._client = self._connect()
+        return self._client
+
+    def _connect(self) -> Client:
+        try:
+            return Client(self.config.dask_scheduler, timeout=_CONNECT_SECONDS, set_as_default=False)
+        except (OSError, TimeoutError) as exc:
+            raise UnavailableError(f"cannot reach the Dask scheduler ({exc})", reason="CLUSTER_UNAVAILABLE") from None
+
     def workers_memory(self) -> int:
         """The memory limits of the workers connected now, added up (0 when they set none)."""
         workers = self.client.scheduler_info().get("workers", {})

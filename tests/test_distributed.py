@@ -385,6 +385,20 @@ def test_eviction_and_expiry_free_the_blocks(cluster, dask):
         svc.close()
 
 
+def test_a_closed_dask_client_is_replaced_on_the_next_call(cluster, single):
+    """Dask closes a client for good once its scheduler has been away past the reconnect
+    timeout; the replica connects again rather than failing every later call."""
+    svc = Service(ServerConfig(dask_scheduler=cluster.scheduler_address), REGISTRY)
+    try:
+        svc.cluster.client.close()
+        handle = put(svc, A)
+        v = np.arange(40.0)
+        assert_same(execute(svc, "matmul", {"a": HandleRef(handle), "b": v}),
+                    execute(single, "matmul", {"a": A, "b": v}))
+    finally:
+        svc.close()
+
+
 # ------------------------------------------------------------------ a worker dies
 def test_a_worker_killed_mid_request_gives_the_answer_or_a_clear_error():
     with _cluster() as c, Client(c.scheduler_address, set_as_default=False) as dask:
