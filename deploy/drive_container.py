@@ -15,6 +15,11 @@ reorder and matmul are answered within FIRST_CALL_S (a numba compile takes many 
 nothing was added to numba's cache (nothing was compiled); a call without the token is
 refused. The plain container must also stop cleanly on SIGTERM (``docker stop``).
 
+Then ``distributed`` (compose's profile of that name): a Dask scheduler and two Dask workers
+from the same image, and a replica started with ``SPARSESERVE_DASK_SCHEDULER``. A tensor put
+with ``partitions=2`` lands one block on each worker; matmul, reduce_sum and get over gRPC give
+numpy's answers; the workers compiled nothing (their kernels came from the image's cache).
+
 Usage: python deploy/drive_container.py IMAGE [--network bridge|host]
 """
 
@@ -302,6 +307,90 @@ def scenario(image: str, label: str, name: str, network: str, env: dict, extra: 
         box.remove()
 
 
+def dask_container(image: str, name: str, network: str, args: list[str], publish: list[str] = ()) -> str:
+    """A Dask scheduler or worker from the sparseserve image (``dask`` is in its venv)."""
+    net = ["--network", network] if network else []
+    ports = [f for p in publish for f in ("-p", p)]
+    docker("run", "-d", "--name", name, "--label", LABEL, *net, *ports,
+           "--entrypoint", "dask", "--no-healthcheck", image, *args)
+    return name
+
+
+def distributed_scenario(image: str, network: str, suffix: str, image_cache: dict[str, int], timings: dict) -> None:
+    """Scale-out: a Dask scheduler, two Dask workers and a replica on it, all from the image."""
+    from distributed import Client as DaskClient
+
+    boxes: list[str] = []
+    net = "host" if network == "host" else f"sparseserve-it-net-{suffix}"
+    replica = None
+    try:
+        if network == "host":
+            port = free_port()
+            inside = outside = f"tcp://127.0.0.1:{port}"
+            scheduler_args = ["scheduler", "--port", str(port), "--no-dashboard"]
+            publish = []
+        else:
+            docker("network", "create", "--label", LABEL, net)
+            inside = f"tcp://sparseserve-it-dask-{suffix}:8786"
+            scheduler_args, publish = ["scheduler", "--port", "8786", "--no-dashboard"], ["127.0.0.1::8786"]
+        boxes.append(dask_container(image, f"sparseserve-it-dask-{suffix}", net, scheduler_args, publish))
+        if network != "host":
+            outside = "tcp://" + docker("port", boxes[0], "8786/tcp").splitlines()[0]
+        for i in range(2):
+            boxes.append(dask_container(image, f"sparseserve-it-dask-worker{i}-{suffix}", net,
+                                        ["worker", inside, "--nthreads", "1", "--memory-limit", "1GiB",
+                                         "--no-dashboard"]))
+        with DaskClient(outside, timeout=60, set_as_default=False) as dask:
+            dask.wait_for_workers(2, timeout=120)
+            check(True, f"a Dask scheduler and 2 workers from the image ({outside})")
+            replica = Container(image, f"sparseserve-it-replica-{suffix}", "host" if network == "host" else "bridge",
+                                {"SPARSESERVE_DASK_SCHEDULER": inside,
+                                 "SPARSESERVE_DISTRIBUTE_ABOVE_BYTES": "0"},
+                                [] if network == "host" else ["--network", net])
+            replica.start()
+            base = f"http://127.0.0.1:{replica.http_port}"
+            replica.wait_healthy()
+            wait_ready(base, None, READY_WITHIN_S)
+            check(True, "the replica on the Dask scheduler is ready")
+            rng = np.random.default_rng(0)
+            rows = np.repeat(np.arange(2000), 5)
+            big = SparseTensor(indices=np.stack([rows, rng.integers(0, 300, rows.size)], axis=1),
+                               values=rng.integers(-4, 5, rows.size).astype(np.float64), dense_shape=[2000, 300])
+            dense = big.to_dense()
+            x = np.arange(300.0)
+            with contextlib.closing(Client(f"127.0.0.1:{replica.grpc_port}", timeout=120)) as c:
+                handle, t = timed(c.put, big, partitions=2)
+                timings["distributed put, 2 partitions"] = t
+                held = [w for w, keys in dask.has_what().items() if keys]
+                check(len(held) == 2, f"the two blocks are on {len(held)} different workers")
+                product, t = timed(c.matmul, handle, x)
+                timings["distributed first matmul"] = t
+                check(np.array_equal(product, dense @ x), "matmul on the blocks equals numpy's")
+                check(np.array_equal(c.reduce_sum(handle, axis=[0]), dense.sum(axis=0)),
+                      "reduce_sum over the rows (a tree of partials) equals numpy's")
+                back = c.get(handle)
+                check(np.array_equal(back.to_dense(), dense), "get gathers the tensor")
+                c.delete(handle)
+        for box in boxes[1:]:
+            after = cache_listing(box, container=True)
+            grown = sorted(n for n in after if image_cache.get(n) != after[n])
+            check(not grown, f"{box}: numba's cache is as built (changed {grown[:3]}): the worker compiled nothing")
+    except BaseException:
+        for box in boxes:
+            proc = subprocess.run(["docker", "logs", box], capture_output=True, text=True, timeout=60)
+            print(f"--- logs of {box} ---\n{(proc.stdout + proc.stderr)[-3000:]}", file=sys.stderr)
+        if replica is not None:
+            print(f"--- logs of {replica.name} ---\n{replica.logs()}", file=sys.stderr)
+        raise
+    finally:
+        if replica is not None:
+            replica.remove()
+        for box in boxes:
+            subprocess.run(["docker", "rm", "-f", "-v", box], capture_output=True, timeout=120)
+        if network != "host":
+            subprocess.run(["docker", "network", "rm", net], capture_output=True, timeout=60)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("image")
@@ -347,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                          token, cert, image_cache, timings, stop_check=False)
             finally:
                 subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True, timeout=60)
+
+        print("== distributed (a Dask scheduler, two Dask workers and a replica, all from the image)", flush=True)
+        distributed_scenario(args.image, args.network, suffix, image_cache, timings)
     except CheckFailed as exc:
         print(f"IMAGE TEST FAILED: {exc}", file=sys.stderr)
         return 1

@@ -57,6 +57,7 @@ cleanup() {
     if docker info >/dev/null 2>&1; then
         docker ps -aq --filter "label=sparseserve.image-test=$RUN_ID" | xargs -r docker rm -f -v >/dev/null
         docker volume ls -q --filter "label=sparseserve.image-test=$RUN_ID" | xargs -r docker volume rm -f >/dev/null
+        docker network ls -q --filter "label=sparseserve.image-test=$RUN_ID" | xargs -r docker network rm >/dev/null
     fi
     [ -n "$ROOTFS" ] && rm -rf "$ROOTFS"
     [ -n "$CA_CONTEXT" ] && rm -rf "$CA_CONTEXT"
