@@ -325,13 +325,19 @@ class Cluster:
         if 0 not in axes:
             return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
         limit = self.config.max_result_bytes
-        level = [self.client.submit(part.reduce_partial, op.name, b, axes, limit, pure=False) for b in dt.blocks]
+        dense = plan.additive and not bound["output_is_sparse"]  # sums of dense partials are the sum
+        level = [self.client.submit(part.reduce_partial, op.name, b, axes, limit, dense, pure=False)
+                 for b in dt.blocks]
         while len(level) > 2:  # pairs, up a tree: log2(blocks) rounds
             pairs = [level[i:i + 2] for i in range(0, len(level), 2)]
-            level = [self.client.submit(part.reduce_combine, op.name, p, axes, True, True, limit, pure=False)
+            level = [(self.client.submit(np.add, *p, pure=False) if dense else
+                      self.client.submit(part.reduce_combine, op.name, p, axes, True, True, limit, pure=False))
                      if len(p) == 2 else p[0] for p in pairs]
-        final = self.client.submit(part.reduce_combine, op.name, level, axes, bound["keepdims"],
-                                   bound["output_is_sparse"], limit, pure=False)
+        if dense:
+            final = self.client.submit(part.dense_total, level, axes, bound["keepdims"], pure=False)
+        else:
+            final = self.client.submit(part.reduce_combine, op.name, level, axes, bound["keepdims"],
+                                       bound["output_is_sparse"], limit, pure=False)
         return self._results([final])[0]
 
     def _shuffle(self, op, plan: part.Shuffle, args, bound):

@@ -24,7 +24,7 @@ from sparseserve._tensor import SparseTensor
 from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
 
 __all__ = ["partitionable", "row_bounds", "split_rows", "join_rows", "rows_of", "run_block",
-           "reduce_partial", "reduce_combine", "transpose_pieces", "merge_pieces",
+           "reduce_partial", "reduce_combine", "dense_total", "transpose_pieces", "merge_pieces",
            "Rowwise", "Reduction", "Shuffle", "Stack"]
 
 
@@ -147,10 +147,18 @@ def run_block(op_name: str, args: dict[str, Any], max_result_bytes: int) -> Any:
     return trust(op.run("cpu", bound)[0])
 
 
-def reduce_partial(op_name: str, block: SparseTensor, axes: list[int], max_result_bytes: int) -> SparseTensor:
-    """A block reduced over ``axes`` (the leading one among them) to a sparse tensor of leading size 1."""
-    return run_block(op_name, {"sp_input": block, "axis": axes, "keepdims": True, "output_is_sparse": True},
+def reduce_partial(op_name: str, block: SparseTensor, axes: list[int], max_result_bytes: int,
+                   dense: bool = False) -> Any:
+    """A block reduced over ``axes`` (the leading one among them), keeping them as size 1: a
+    sparse tensor, or with ``dense`` (sums only: an absent entry adds nothing) a dense array."""
+    return run_block(op_name, {"sp_input": block, "axis": axes, "keepdims": True, "output_is_sparse": not dense},
                      max_result_bytes)
+
+
+def dense_total(parts: list[np.ndarray], axes: list[int], keepdims: bool) -> np.ndarray:
+    """Dense partial sums added, the reduced axes dropped unless ``keepdims``."""
+    total = parts[0] if len(parts) == 1 else np.add(*parts)
+    return total if keepdims else total.reshape([n for d, n in enumerate(total.shape) if d not in axes])
 
 
 def reduce_combine(op_name: str, parts: list[SparseTensor], axes: list[int], keepdims: bool,
@@ -212,9 +220,11 @@ class Rowwise:
 class Reduction:
     """A reduction: row-wise when the leading axis is kept; otherwise each block reduces to a
     sparse partial and partials combine pairwise up a tree. ``axes(bound, rank)`` normalizes
-    the op's axis argument (raising the op's own error)."""
+    the op's axis argument (raising the op's own error). ``additive``: a sum, whose dense
+    answer is the sum of the blocks' dense partials (no sparse partials to merge)."""
 
     axes: Callable[[Any, int], list[int]]
+    additive: bool = False
     tensor: str = "sp_input"
     kind: str = "reduction"
 

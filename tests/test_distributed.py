@@ -210,6 +210,16 @@ def test_partitioned_op_equals_single_node(service, single, op, arg, tensor, arg
     assert_same(got, want)
 
 
+@pytest.mark.parametrize("partitions", [2, 5, 7])
+def test_reduction_trees_of_any_depth(service, single, partitions):
+    ints = coo((300, 40), 1500, seed=6, dtype=np.int32)
+    handle = HandleRef(put(service, ints, partitions=partitions))
+    for op in ("reduce_sum", "reduce_max"):
+        for args in ({}, {"axis": [0]}, {"axis": [0], "keepdims": True}, {"axis": [0], "output_is_sparse": True}):
+            assert_same(execute(service, op, {"sp_input": handle, **args}),
+                        execute(single, op, {"sp_input": ints, **args}))
+
+
 def test_csr_matmul_and_reduction(service, single):
     csr = execute(single, "convert", {"sp_input": A, "layout": "csr"})
     handle = put(service, csr, partitions=2)

@@ -403,5 +403,6 @@ def minimum(sp_a: SparseTensor, sp_b: SparseTensor) -> SparseTensor:
 
 
 # ----------------------------------------------------------- partitioned tensors
-REGISTRY.partitioned("reduce_sum", Reduction(axes=lambda bound, rank: _reduction_axes(bound["axis"], rank)))
+REGISTRY.partitioned("reduce_sum", Reduction(axes=lambda bound, rank: _reduction_axes(bound["axis"], rank),
+                                             additive=True))
 REGISTRY.partitioned("reduce_max", Reduction(axes=lambda bound, rank: _reduction_axes(bound["axis"], rank)))
