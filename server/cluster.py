@@ -297,7 +297,7 @@ class Cluster:
             return None
         nnz = dt.nnz
         for name in plan.entries:
-            got = np.shape(args[name])[0] if np.ndim(args[name]) else 0
+            got = np.shape(bound[name])[0] if np.ndim(bound[name]) else 0
             if got != nnz:
                 raise part.entry_count_error(name, got, nnz)
         if plan.probe:
@@ -312,7 +312,7 @@ class Cluster:
             e0, e1 = entry_bounds[i], entry_bounds[i + 1]
             block_args = {**whole, plan.tensor: block,
                           **{k: bound[k][r0:r1] for k in sliced},
-                          **{k: np.asarray(args[k])[e0:e1] for k in plan.entries}}
+                          **{k: bound[k][e0:e1] for k in plan.entries}}
             futures.append(self.client.submit(part.run_block, op.name, block_args,
                                               self.config.max_result_bytes, pure=False))
         return _Blocks(futures, dt.bounds)

@@ -461,6 +461,10 @@ def test_servers_on_one_cluster_over_both_wires(cluster, dask):
             v = np.arange(40.0)
             np.testing.assert_array_equal(rest_client.matmul(handle, v), A.to_dense() @ v)
             np.testing.assert_array_equal(rest_client.reduce_sum(handle, axis=[0]), A.to_dense().sum(axis=0))
+            mask = np.arange(A.nnz) % 2 == 0  # a JSON list, cut by the blocks' entries
+            kept_half = rest_client.retain(handle, mask)
+            want = run_op("retain", sp_input=A, to_retain=mask)
+            assert np.array_equal(kept_half.indices, want.indices) and np.array_equal(kept_half.values, want.values)
             rest_handle = rest_client.put(AH, partitions=3)
             # JSON carries no coalesced flag: the tensor as it arrived.
             assert_same(grpc_client.get(rest_handle), SparseTensor(indices=AH.indices, values=AH.values,
