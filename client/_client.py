@@ -152,6 +152,8 @@ class _Base:
     def _set_catalogue(self, device: str, ops: list[dict]) -> dict[str, dict]:
         self.device = device
         self._catalogue = {op["name"]: op for op in ops}
+        for name in [n for n, v in vars(self).items() if getattr(v, "_sparseserve_op", False)]:
+            del self.__dict__[name]  # methods made from the catalogue before: made again on use
         return self._catalogue
 
     def _bind(self, op: str, args: tuple, kwargs: dict, catalogue: dict | None) -> dict[str, Any]:
@@ -186,6 +188,10 @@ class _Base:
         return rid
 
     def _method(self, op: dict, fn):
+        """``fn`` dressed as the op's method (name, docs, signature) and kept on the instance,
+        so later calls find it without ``__getattr__`` (building one took ~10% of a small call)."""
+        fn._sparseserve_op = True
+        self.__dict__[op["name"]] = fn
         fn.__name__ = op["name"]
         fn.__qualname__ = f"{type(self).__name__}.{op['name']}"
         args = "\n".join(f"    {a['name']} ({a['type']}): {a['doc']}" for a in op["args"])

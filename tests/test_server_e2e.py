@@ -4,6 +4,7 @@ protobuf bodies and REST with JSON, and raw HTTP as a non-Python caller would.""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 
 import grpc
@@ -43,6 +44,19 @@ def test_readme_example_over_every_wire(client):
     assert r.indices.tolist() == [[0, 0], [1, 2]] and r.values.tolist() == [1.0, 2.0]
     np.testing.assert_array_equal(client.to_dense(r), [[1, 0, 0, 0], [0, 0, 2, 0], [0, 0, 0, 0]])
     assert client.device == "cpu"
+
+
+def test_op_methods_are_made_once_and_follow_the_catalogue(client):
+    first = client.reorder
+    assert client.reorder is first and first.__name__ == "reorder"  # kept, not made per call
+    assert "sp_input" in str(inspect.signature(first))
+    catalogue = client.list_ops()
+    client._set_catalogue(client.device, [op for name, op in catalogue.items() if name != "reorder"])
+    with pytest.raises(AttributeError):
+        client.reorder  # a catalogue without the op drops the method made from the old one
+    client._set_catalogue(client.device, list(catalogue.values()))
+    assert client.reorder is not first and client.reorder(SparseTensor(indices=[[1], [0]], values=[2.0, 1.0],
+                                                                        dense_shape=[2])).values.tolist() == [1.0, 2.0]
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
