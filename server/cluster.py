@@ -35,8 +35,8 @@ import distributed
 from distributed import Client, wait
 
 from sparseserve._tensor import HandleRef, SparseTensor
-from sparseserve.errors import (InternalError, InvalidArgumentError, NotFoundError, PermissionDeniedError,
-                                SparseServeError, UnavailableError)
+from sparseserve.errors import (InternalError, NotFoundError, PermissionDeniedError, SparseServeError,
+                                UnavailableError)
 
 from . import partition as part
 from .argtypes import trust
@@ -472,8 +472,6 @@ def _dask_errors(doing: str):
     except (OSError, TimeoutError, distributed.comm.CommClosedError) as exc:
         raise UnavailableError(f"the Dask cluster did not answer while {doing} ({type(exc).__name__}: {exc})",
                                reason="CLUSTER_UNAVAILABLE") from None
-    except InvalidArgumentError:
-        raise
     except Exception as exc:
         log.exception("partitioned work failed while %s", doing)
         raise InternalError(f"{doing} failed: {type(exc).__name__}: {exc}") from exc

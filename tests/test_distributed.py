@@ -341,6 +341,7 @@ def test_big_tensors_are_partitioned_without_asking(cluster):
         small, big = coo((20, 5), 10), A
         h_small, h_big = put(svc, small, 0), put(svc, big, 0)
         assert svc.store.stats()[0] == 1  # the small one is here, the big one on the workers
+        assert svc.store.get(h_small, "") is not None
         assert len(svc.cluster.lookup(h_big, "").blocks) == 2  # one per worker thread
         assert_same(run(svc.get(h_big, "")), big)
         kept = execute(svc, "to_dense", {"sp_input": HandleRef(h_big)}, keep=True)  # a big result too
