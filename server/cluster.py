@@ -23,8 +23,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import operator
 import queue
-import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +41,7 @@ from sparseserve.errors import (InternalError, NotFoundError, PermissionDeniedEr
 from . import partition as part
 from .argtypes import trust
 from .limits import deadline_exceeded, seconds_left
-from .store import HandleStore
+from .store import HandleStore, new_handle
 
 __all__ = ["Cluster", "DistributedTensor", "Gathered"]
 
@@ -188,7 +188,7 @@ class Cluster:
             return self.keep(self._distributed(checked, bounds), tenant)
 
     def keep(self, dt: DistributedTensor, tenant: str) -> tuple[str, int]:
-        handle = "h-" + secrets.token_hex(16)
+        handle = new_handle()
         record = {"tenant": tenant, "bounds": dt.bounds, "block_nnz": dt.block_nnz, "nbytes": dt.nbytes,
                   "meta": dt.meta, "blocks": dt.blocks}
         with _dask_errors("publishing a partitioned tensor"):
@@ -258,7 +258,7 @@ class Cluster:
                 return Gathered(self.gathered(args))
             if isinstance(result, _Blocks):
                 if keep:
-                    return [(op.outputs[0].name, HandleRef(self.keep(self._distributed(*result), tenant)[0]))]
+                    return [(op.outputs[0].name, HandleRef(self.keep(self._distributed(result.futures, result.bounds), tenant)[0]))]
                 result = self._joined(result, f"the {op.outputs[0].name} of {op.name}")
         return [(op.outputs[0].name, result)]
 
@@ -319,7 +319,7 @@ class Cluster:
 
     def _reduction(self, op, plan: part.Reduction, args, bound):
         dt = args.get(plan.tensor)
-        if not isinstance(dt, DistributedTensor) or dt.like.__class__ is not SparseTensor:
+        if not isinstance(dt, DistributedTensor) or not isinstance(dt.like, SparseTensor):
             return None
         axes = plan.axes(bound, dt.like.ndim)
         if 0 not in axes:
@@ -357,7 +357,7 @@ class Cluster:
                                      pure=False) for i, b in enumerate(dt.blocks)]
         futures = []
         for j in range(len(new_bounds) - 1):
-            column = [self.client.submit(_item, p, j, pure=False) for p in pieces]
+            column = [self.client.submit(operator.getitem, p, j, pure=False) for p in pieces]
             futures.append(self.client.submit(part.merge_pieces, column, pure=False))
         return _Blocks(futures, new_bounds)
 
@@ -434,19 +434,12 @@ class _Blocks:
     futures: list[Any]
     bounds: list[int]
 
-    def __iter__(self):
-        return iter((self.futures, self.bounds))
-
 
 @dataclass
 class _Stub:
     """What the making replica's store holds for a partitioned handle: its size."""
 
     nbytes: int
-
-
-def _item(sequence: list[Any], index: int) -> Any:
-    return sequence[index]
 
 
 def _checked_block(block: Any) -> Any:

@@ -253,11 +253,6 @@ def entry_count_error(name: str, got: int, nnz: int) -> InvalidArgumentError:
                                 f"tensor, {nnz}", reason="SHAPE_MISMATCH")
 
 
-def rows_mismatch_error(name: str, got: int, rows: int) -> InvalidArgumentError:
-    return InvalidArgumentError(f"{name} has {got} rows where the partitioned tensor has {rows}",
-                                reason="SHAPE_MISMATCH")
-
-
 def not_partitionable(why: str) -> UnimplementedError:
     return UnimplementedError(f"this tensor cannot be partitioned: {why}", reason="NOT_PARTITIONABLE")
 

@@ -52,11 +52,11 @@ def check_partitions(partitions: Any) -> int:
 
 
 def partitions_from_text(value: str | None, source: str) -> int:
-    """The partitions a wire carries as text (absent: 0)."""
+    """The partitions a wire carries as text (absent: 0); ``put`` checks the range."""
     if value is None:
         return 0
     try:
-        return check_partitions(int(value))
+        return int(value)
     except ValueError:
         raise InvalidArgumentError(f"{source} must be an integer, not {value[:40]!r}",
                                    reason="BAD_PARTITIONS") from None
@@ -307,16 +307,16 @@ class Service:
         if partitions and self.cluster is None:
             raise UnimplementedError("partitions needs a server started with --dask-scheduler",
                                      reason="NO_CLUSTER")
-        if self.cluster is not None:
+        big = self.cluster is not None and 0 < self.config.distribute_above_bytes < tensor_nbytes(value)
+        if partitions or big:
             from .partition import not_partitionable, partitionable
 
-            above = 0 < self.config.distribute_above_bytes < tensor_nbytes(value)
-            why = partitionable(value) if partitions or above else "not asked"
-            if partitions and why:
-                raise not_partitionable(why)
-            if not why:
+            why = partitionable(value)
+            if why is None:
                 parts = partitions or await self.run(self.cluster.default_partitions)
                 return await self.run(self.cluster.put, self._on_host(value), tenant, parts)
+            if partitions:
+                raise not_partitionable(why)
         return self.store.put(self._on_device(value), tenant)
 
     def _partitioned(self, values) -> bool:

@@ -20,7 +20,12 @@ import numpy as np
 
 from sparseserve.errors import NotFoundError, PermissionDeniedError, ResourceExhaustedError
 
-__all__ = ["HandleStore", "tensor_nbytes"]
+__all__ = ["HandleStore", "new_handle", "tensor_nbytes"]
+
+
+def new_handle() -> str:
+    """A fresh handle id: 128 random bits, so that handles cannot be guessed."""
+    return "h-" + secrets.token_hex(16)
 
 
 def tensor_nbytes(t: Any) -> int:
@@ -71,7 +76,7 @@ class HandleStore:
                                          f"{quota} bytes (--tenant-store-bytes)", reason="TENANT_QUOTA")
             err.http_status = 429  # a quota, not a size limit (SPEC section 6)
             raise err
-        handle = handle or "h-" + secrets.token_hex(16)
+        handle = handle or new_handle()
         with self._lock:
             self._expire()
             if quota:
