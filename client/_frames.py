@@ -5,9 +5,11 @@ parse and read: building the request of a ``matmul`` with a 16 MB vector took 62
 several times the time to send it. Here a tensor argument or output
 above ``FRAME_BYTES`` is framed by ``tensor_pieces`` (its arrays joined into the
 message once, 16-byte aligned) and read back by ``tensor_from_bytes`` (views of
-the received bytes); smaller values go through protobuf, which is quicker for
-them. The bytes are the same messages either way: any protobuf reader takes them,
-and anything this reader does not take apart goes to protobuf whole.
+the received bytes). Smaller tensors are written unpadded by ``tensor_bytes`` (no
+protobuf message objects: the headers are most of a small call's bytes) and read
+by protobuf's C parser, which is quicker for them. The bytes are the same messages
+either way: any protobuf reader takes them, and anything this reader does not take
+apart goes to protobuf whole.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ._codec import (DEFAULT_CHUNK_BYTES, _len_prefix, _read_varint, _varint, iter_fields, tensor_from_bytes,
-                     tensor_from_pb, tensor_pieces, value_from_pb, value_to_pb)
+from ._codec import (DEFAULT_CHUNK_BYTES, _len_prefix, _read_varint, _varint, iter_fields, tensor_bytes,
+                     tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes, value_from_pb)
 from ._tensor import SparseTensor
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
@@ -42,6 +44,18 @@ def _string_field(number: int, text: str) -> bytes:
     return _len_prefix(number, len(raw)) + raw
 
 
+def _bytes(number: int, body: bytes) -> bytes:
+    return _len_prefix(number, len(body)) + body
+
+
+_KEEP = bytes((_REQUEST_KEEP << 3, 1))
+
+
+def _named_tensor(name: str, value: Any) -> bytes:
+    """A serialized ``NamedTensor``."""
+    return _string_field(_NAMED_NAME, name) + _bytes(_NAMED_TENSOR, tensor_bytes(value))
+
+
 def _nested(number: int, head: bytes, inner: Callable[[int], list], start: int) -> list:
     """Field ``number`` holding ``head`` then ``inner(offset)``, framed for where it lands at
     ``start``: ``inner`` lays out its arrays from ``offset``, and its size must not depend
@@ -61,15 +75,17 @@ def _value_pieces(v: Any, start: int) -> list:
         if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
             v = np.ascontiguousarray(v)  # once, not at each framing
         return _nested(_VALUE_TENSOR, b"", lambda offset: tensor_pieces(v, offset), start)
-    return [value_to_pb(v).SerializeToString()]
+    return [value_bytes(v)]
 
 
 def execute_request_pieces(op: str, args: dict[str, Any], keep: bool) -> list:
     """A serialized ``ExecuteRequest`` as pieces to send back to back (``execute_request_bytes``
     joins them)."""
-    if not any(_is_big_tensor(v) for v in args.values()):  # protobuf's C encoder is quicker
-        return [pb.ExecuteRequest(op=op, keep=keep, args={k: value_to_pb(v) for k, v in args.items()}
-                                  ).SerializeToString()]
+    if not any(_is_big_tensor(v) for v in args.values()):
+        entries = [_string_field(_ENTRY_KEY, key) + _bytes(_ENTRY_VALUE, value_bytes(value))
+                   for key, value in args.items()]
+        return [b"".join((_string_field(_REQUEST_OP, op), *[_bytes(_REQUEST_ARGS, e) for e in entries],
+                          _KEEP if keep else b""))]
     pieces = [_string_field(_REQUEST_OP, op)]
     position = len(pieces[0])
     for key, value in args.items():
@@ -80,7 +96,7 @@ def execute_request_pieces(op: str, args: dict[str, Any], keep: bool) -> list:
         pieces += entry
         position += sum(len(p) for p in entry)
     if keep:
-        pieces.append(bytes((_REQUEST_KEEP << 3, 1)))
+        pieces.append(_KEEP)
     return pieces
 
 
@@ -93,8 +109,7 @@ def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
     """A serialized ``ExecuteResponse`` (named outputs in declared order) as pieces to send
     back to back."""
     if not any(_is_big_tensor(v) for _, v in outputs):
-        return [pb.ExecuteResponse(outputs=[pb.NamedTensor(name=name, tensor=value_to_pb(value).tensor)
-                                           for name, value in outputs]).SerializeToString()]
+        return [b"".join([_bytes(_RESPONSE_OUTPUTS, _named_tensor(name, value)) for name, value in outputs])]
     pieces: list = []
     position = 0
     for name, value in outputs:
@@ -104,7 +119,7 @@ def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
                                                                 lambda o: tensor_pieces(value, o), offset),
                             position)
         else:
-            body = pb.NamedTensor(name=name, tensor=value_to_pb(value).tensor).SerializeToString()
+            body = _named_tensor(name, value)
             named = [_len_prefix(_RESPONSE_OUTPUTS, len(body)), body]
         pieces += named
         position += sum(len(p) for p in named)

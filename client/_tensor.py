@@ -39,7 +39,14 @@ class OutputRef:
         return self.ref.partition(".")[0]
 
 
+_INT64_RANGE = range(-(1 << 63), 1 << 63)
+
+
 def _as_int64_vector(shape: Any) -> tuple[int, ...]:
+    # Shapes are mostly tuples of Python ints already (every decoded tensor's is): kept as
+    # they are, without a trip through numpy (a few microseconds on every small call).
+    if type(shape) is tuple and all(type(d) is int and d in _INT64_RANGE for d in shape):
+        return shape
     return tuple(int(d) for d in np.asarray(shape, dtype=np.int64).reshape(-1))
 
 

@@ -31,12 +31,11 @@ EMPTY_SHAPE_MAX = INT64_MAX // 16
 
 def check_shape(shape, name: str) -> tuple[int, ...]:
     """No negative dimension, and the element count fits in int64."""
-    shape = tuple(int(d) for d in shape)
-    total = 1
-    for axis, dim in enumerate(shape):
-        if dim < 0:
-            raise _fail(f"{name}[{axis}] = {dim} is negative", "NEGATIVE_DIMENSION")
-        total *= dim
+    shape = tuple(map(int, shape))
+    if shape and min(shape) < 0:
+        axis = next(i for i, dim in enumerate(shape) if dim < 0)
+        raise _fail(f"{name}[{axis}] = {shape[axis]} is negative", "NEGATIVE_DIMENSION")
+    total = math.prod(shape)  # Python ints: exact
     if total > INT64_MAX:
         raise _fail(f"{name} = {list(shape)} has {total} elements, more than int64 can count",
                     "SHAPE_OVERFLOW")
@@ -58,21 +57,30 @@ def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
-def _check_index_range(indices: np.ndarray, limits: np.ndarray, name: str, limit_names: list[str]):
-    """Every ``indices[..., j]`` in ``[0, limits[j])``; the message names the first offender."""
+# Up to this many index elements, a range check's temporaries are cheaper than its calls.
+_SMALL_CHECK = 1 << 14
+
+
+def _check_index_range(indices: np.ndarray, limits: np.ndarray, name: str, limits_name: str):
+    """Every ``indices[..., j]`` in ``[0, limits[j])``; the message names the first offender
+    and the limit (``limits_name[j]``) it breaks."""
     if indices.size == 0:
         return
-    # One min/max pass per column, no nnz-sized temporaries unless something is wrong.
-    # (Per column: numpy's axis-0 reduction over [nnz, k] is ten times slower.)
-    flat = indices.reshape(-1, indices.shape[-1])
-    if all(int(flat[:, j].min()) >= 0 and int(flat[:, j].max()) < int(limits[j])
-           for j in range(flat.shape[1])):
-        return
+    if indices.size <= _SMALL_CHECK:  # two whole-array passes: fewer calls than per column
+        if indices.min() >= 0 and (indices < limits).all():
+            return
+    else:
+        # One min/max pass per column, no nnz-sized temporaries unless something is wrong.
+        # (Per column: numpy's axis-0 reduction over [nnz, k] is ten times slower.)
+        flat = indices.reshape(-1, indices.shape[-1])
+        if all(int(flat[:, j].min()) >= 0 and int(flat[:, j].max()) < int(limits[j])
+               for j in range(flat.shape[1])):
+            return
     pos = _first_bad((indices < 0) | (indices >= limits))
     column = pos[-1]
     raise _fail(
         f"{name}[{', '.join(map(str, pos))}] = {int(indices[pos])} is out of range for "
-        f"{limit_names[column]} = {int(limits[column])}",
+        f"{limits_name}[{column}] = {int(limits[column])}",
         "INDEX_OUT_OF_RANGE",
     )
 
@@ -114,7 +122,7 @@ def _check_coo(t: SparseTensor, shape: tuple[int, ...], name: str):
     _check_values_shape(t.values, (nnz, *shape[sparse_ndim:]), name,
                         f"nnz = {nnz} and dense_shape[{sparse_ndim}:]")
     _check_index_range(idx, np.asarray(shape[:sparse_ndim], dtype=np.int64), f"{name}.indices",
-                       [f"{name}.dense_shape[{j}]" for j in range(sparse_ndim)])
+                       f"{name}.dense_shape")
 
 
 def _check_compressed(t: SparseTensor, shape: tuple[int, ...], name: str):

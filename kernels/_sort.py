@@ -11,6 +11,8 @@ since the server calls kernels from a thread pool).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -132,6 +134,8 @@ def gather_rows(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
     ``np.take`` on a word view: twice as fast as a numba loop or fancy indexing here,
     and nothing to compile.
     """
+    if 0 < a.shape[0] < _parallel.PARALLEL_MIN:  # small: the word view's set-up is most of the work
+        return np.take(a, perm, axis=0)
     a = np.ascontiguousarray(a)
     n = a.shape[0]
     row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
@@ -179,9 +183,11 @@ def packed_order(indices: np.ndarray, sparse_shape, values: np.ndarray | None = 
     back sorted; others come back None (gather them by position).
     """
     n = indices.shape[0]
-    key_bits = int(max(int(np.prod(sparse_shape, dtype=object)) - 1, 0)).bit_length()
+    if n < _parallel.PARALLEL_MIN:
+        return None
+    key_bits = max(math.prod(int(d) for d in sparse_shape) - 1, 0).bit_length()
     pos_bits = max(int(n - 1).bit_length(), 1)
-    if n < _parallel.PARALLEL_MIN or key_bits + pos_bits > 63:
+    if key_bits + pos_bits > 63:
         return None
     indices = frozen(np.ascontiguousarray(indices, dtype=np.int64))
     words = None

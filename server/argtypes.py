@@ -112,7 +112,8 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
             check_sparse(value, name)
         else:
             check_dense(value, name)
-        value = _frozen(value)
+        if not (isinstance(value, SparseTensor) and _read_only(value)):
+            value = _frozen(value)
     layout = _layout_of(value)
     if layout not in layouts:
         raise UnimplementedError(
@@ -134,6 +135,12 @@ def _frozen(value: Any) -> Any:
                         plain_indices=frozen(value.plain_indices), values=frozen(value.values),
                         dense_shape=value.dense_shape, blocksize=value.blocksize,
                         coalesced=value.coalesced)
+
+
+def _read_only(t: SparseTensor) -> bool:
+    """Whether every array of ``t`` is read-only already (as those decoded from bytes are)."""
+    arrays = (t.indices, t.values) if t.layout == "coo" else (t.compressed_indices, t.plain_indices, t.values)
+    return not any(a.flags.writeable for a in arrays)
 
 
 def _scalar_of_array(value: Any, name: str) -> Any:

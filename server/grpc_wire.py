@@ -69,8 +69,9 @@ _CALL_ALREADY_ENDED = getattr(cygrpc, "ExecuteBatchError", grpc.RpcError)
 
 
 def _tenant(service: Service, context: grpc.aio.ServicerContext) -> str:
-    metadata = dict(context.invocation_metadata() or ())
-    return service.tenant_for(metadata.get("authorization"))
+    if not service.tokens:  # no tokens, one tenant: the metadata need not be read
+        return ""
+    return service.tenant_for(_metadata_value(context, "authorization"))
 
 
 class SparseServicer(pb_grpc.SparseServiceServicer):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from sparseserve import SparseTensor
-from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_chunks, parse_chunk,
-                                tensor_from_bytes, tensor_from_pb, tensor_to_bytes, tensor_to_pb, value_from_pb,
-                                value_to_pb)
+from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_chunks, parse_chunk, tensor_bytes,
+                                tensor_from_bytes, tensor_from_pb, tensor_to_bytes, tensor_to_pb, value_bytes,
+                                value_from_pb, value_to_pb)
 from sparseserve._dtypes import DTYPE_NAMES
 from sparseserve._frames import (MessageAssembler, assemble_message, execute_request_bytes, execute_request_from_bytes,
                                 execute_request_pieces, message_frames, outputs_from_bytes, outputs_to_bytes)
@@ -87,6 +87,35 @@ def test_json_round_trip(dtype, kind):
 def test_chunked_round_trip(kind, chunk):
     t = SAMPLES[kind]("complex128")
     assert_same(t, assemble(iter_chunks(t, chunk)))
+
+
+ODD_TENSORS = {
+    "empty-coo-huge-dim": SparseTensor(indices=np.zeros((0, 3), np.int64), values=np.zeros(0, np.float32),
+                                       dense_shape=[0, 5, 2**40], coalesced=True),
+    "negative-dim": SparseTensor(indices=[[0]], values=[[1 + 2j, 3]], dense_shape=[-3, 2]),
+    "0-d": np.float32(3), "empty-dense": np.zeros((0, 4), bool), "big-endian": np.arange(4, dtype=">i4"),
+    "strided": np.arange(6.0)[::2], "handle": HandleRef("h-123"), "empty-handle": HandleRef(""),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("kind", SAMPLES)
+def test_hand_encoder_writes_protobufs_bytes(dtype, kind):
+    """Small tensors are written without protobuf messages; the bytes are protobuf's own."""
+    t = SAMPLES[kind](dtype)
+    assert tensor_bytes(t) == tensor_to_pb(t).SerializeToString()
+    assert value_bytes(t) == value_to_pb(t).SerializeToString()
+
+
+@pytest.mark.parametrize("name", ODD_TENSORS)
+def test_hand_encoder_on_edge_cases(name):
+    t = ODD_TENSORS[name]
+    assert tensor_bytes(t) == tensor_to_pb(t).SerializeToString()
+
+
+@pytest.mark.parametrize("value", [None, True, 3, -2**63, 2.5, "x", [1, [2.0, None]], slice(1, None, 2), 1 + 2j])
+def test_value_bytes_of_scalars_and_lists(value):
+    assert value_bytes(value) == value_to_pb(value).SerializeToString()
 
 
 def test_decoded_arrays_are_views_of_the_message_bytes():
@@ -328,6 +357,16 @@ class TestExecuteFrames:
             assert_same(value, got)
         for a in _decoded_arrays(back[0][1]) + _decoded_arrays(back[2][1]):
             assert a.ctypes.data % 16 == 0 and a.base is not None, "copied or unaligned"
+
+    @pytest.mark.parametrize("keep", [False, True])
+    def test_small_request_and_response_are_protobufs_messages(self, keep):
+        """Under FRAME_BYTES nothing is padded or spliced: every value is written by hand."""
+        small = {k: v for k, v in self.ARGS.items() if k not in ("sp_input", "dense")}
+        msg = pb.ExecuteRequest.FromString(execute_request_bytes("mul", small, keep))
+        assert msg == pb.ExecuteRequest(op="mul", keep=keep, args={k: value_to_pb(v) for k, v in small.items()})
+        outputs = [("output", small["small"]), ("", np.array([True, False])), ("h", HandleRef("h-2"))]
+        want = pb.ExecuteResponse(outputs=[pb.NamedTensor(name=n, tensor=tensor_to_pb(v)) for n, v in outputs])
+        assert pb.ExecuteResponse.FromString(outputs_to_bytes(outputs)) == want
 
     @pytest.mark.parametrize("body", [b"\x12\xff\xff", b"\x0a\x02\xff\xfe", b"\xff"])
     def test_malformed_requests_are_invalid_argument(self, body):

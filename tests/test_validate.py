@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sparseserve import SparseTensor
 from sparseserve._validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError
+from sparseserve.kernels._sort import frozen
 
 
 def coo(indices, values, shape, **kw):
@@ -117,6 +118,15 @@ def test_random_coo_accepted_iff_every_index_in_range(data):
         assert not 0 <= indices[pos[0], pos[1]] < shape[pos[1]]
 
 
+@pytest.mark.parametrize("nnz", [100, 40_000])  # each side of the small-input path of the range check
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_range_check_names_the_first_offender_at_any_size(nnz, bad):
+    indices = np.zeros((nnz, 2), np.int64)
+    indices[nnz // 2, 1] = indices[nnz - 1, 0] = bad
+    refuses(coo(indices, np.ones(nnz), [4, 4]), "INDEX_OUT_OF_RANGE",
+            f"sp_input.indices[{nnz // 2}, 1] = {bad} is out of range for sp_input.dense_shape[1] = 4")
+
+
 def test_tensors_checked_into_the_store_are_not_checked_again():
     from sparseserve.server.argtypes import TENSOR, checked
     from sparseserve.server.registry import Arg
@@ -127,6 +137,11 @@ def test_tensors_checked_into_the_store_are_not_checked_again():
     arg = Arg("sp_input", TENSOR, "", layouts=("coo",))
     assert TENSOR.coerce(stored, arg, "reorder") is stored  # bound as it is: no second pass
     assert TENSOR.coerce(t, arg, "reorder") is not t  # anything else is checked and frozen
+    decoded = SparseTensor(indices=frozen(t.indices), values=frozen(t.values), dense_shape=t.dense_shape)
+    assert TENSOR.coerce(decoded, arg, "reorder") is decoded  # read-only already (from bytes): checked only
+    with pytest.raises(InvalidArgumentError):
+        TENSOR.coerce(SparseTensor(indices=frozen(np.array([[0, 5]])), values=frozen(np.ones(1)),
+                                   dense_shape=[3, 2]), arg, "reorder")
     with pytest.raises(InvalidArgumentError) as info:
         checked(SparseTensor(indices=[[0, 5]], values=[1.0], dense_shape=[3, 2]), "tensor")
     assert info.value.reason == "INDEX_OUT_OF_RANGE"
