@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import time
 
@@ -23,14 +24,14 @@ from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
 from ._server import BenchServer
-from .service import calls_per_second, small_call_p50_ms
+from .service import p50_ms, reorder_calls_per_second
 
 
 def measure(flags: list[str], tensor: SparseTensor, clients: int, calls: int, latency_calls: int):
     with BenchServer(*flags) as server:
-        rate = calls_per_second(server.grpc_target, tensor, clients, max(1, calls // clients))
+        rate = reorder_calls_per_second(server.grpc_target, tensor, clients, max(1, calls // clients))
         with Client(server.grpc_target) as c:
-            p50 = small_call_p50_ms(c, tensor, latency_calls)
+            p50 = p50_ms(functools.partial(c.reorder, tensor), latency_calls)
     return rate, p50
 
 

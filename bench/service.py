@@ -8,6 +8,7 @@ same bytes to another process is the yardstick for transfers.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import statistics
@@ -16,10 +17,12 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
 from sparseserve import Client, SparseTensor
+from sparseserve._frames import execute_request_bytes
 from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT
 
 from ._server import BenchServer
@@ -35,6 +38,47 @@ while got < total:
     got += c.recv_into(view, min(len(buf), total - got))
 c.sendall(b"k")
 """
+
+
+# The yardstick of small calls: a grpc.aio server answering every call with fixed bytes,
+# driven by grpcio's own client with requests of a reorder's size, in the same run. What
+# sparseserve adds to a call is the difference (the floor moves by half between runs here).
+_ECHO = """
+import asyncio, sys, grpc
+reply = bytes(int(sys.argv[1]))
+async def echo(request, context):
+    return reply
+async def main():
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "bench.Echo", {"Call": grpc.unary_unary_rpc_method_handler(echo)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+class EchoServer:
+    """The bare gRPC server of ``_ECHO`` in its own process; ``call()`` makes a stub."""
+
+    def __init__(self, reply_bytes: int):
+        self.proc = subprocess.Popen([sys.executable, "-c", _ECHO, str(reply_bytes)], stdout=subprocess.PIPE,
+                                     text=True)
+        self.target = f"127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def call(self):
+        import grpc
+
+        return grpc.insecure_channel(self.target).unary_unary("/bench.Echo/Call")
+
+    def __enter__(self) -> "EchoServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
 
 
 def raw_tcp_gbs(payload: memoryview) -> float:
@@ -77,27 +121,27 @@ def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 2) -> tuple
     return tensor.nbytes / min(ups[1:]) / 1e9, tensor.nbytes / min(downs[1:]) / 1e9
 
 
-def small_call_p50_ms(client: Client, tensor: SparseTensor, calls: int) -> float:
+def p50_ms(call: Callable[[], object], calls: int) -> float:
     times = []
     for _ in range(calls):
         start = time.perf_counter()
-        client.reorder(tensor)
+        call()
         times.append(time.perf_counter() - start)
     return statistics.median(times[calls // 10:]) * 1e3  # the first tenth warms the connection
 
 
-def calls_per_second(target: str, tensor: SparseTensor, clients: int, calls_each: int) -> float:
-    sdk = [Client(target) for _ in range(clients)]
-    for c in sdk:
-        c.reorder(tensor)
-    barrier = threading.Barrier(clients + 1)
+def calls_per_second(calls: list[Callable[[], object]], calls_each: int) -> float:
+    """Calls/s of ``calls`` (one per client, each its own connection) made from one thread each."""
+    for call in calls:
+        call()
+    barrier = threading.Barrier(len(calls) + 1)
 
-    def worker(c: Client) -> None:
+    def worker(call: Callable[[], object]) -> None:
         barrier.wait()
         for _ in range(calls_each):
-            c.reorder(tensor)
+            call()
 
-    threads = [threading.Thread(target=worker, args=(c,)) for c in sdk]
+    threads = [threading.Thread(target=worker, args=(c,)) for c in calls]
     for t in threads:
         t.start()
     barrier.wait()
@@ -105,9 +149,16 @@ def calls_per_second(target: str, tensor: SparseTensor, clients: int, calls_each
     for t in threads:
         t.join()
     seconds = time.perf_counter() - start
-    for c in sdk:
-        c.close()
-    return clients * calls_each / seconds
+    return len(calls) * calls_each / seconds
+
+
+def reorder_calls_per_second(target: str, tensor: SparseTensor, clients: int, calls_each: int) -> float:
+    sdk = [Client(target) for _ in range(clients)]
+    try:
+        return calls_per_second([functools.partial(c.reorder, tensor) for c in sdk], calls_each)
+    finally:
+        for c in sdk:
+            c.close()
 
 
 def main() -> None:
@@ -129,15 +180,21 @@ def main() -> None:
     with BenchServer("--max-request-bytes", body_room, "--store-bytes", str(4 * tensor.nbytes)) as server:
         tcp = raw_tcp_gbs(memoryview(np.concatenate([tensor.indices.reshape(-1).view(np.uint8),
                                                      tensor.values.view(np.uint8)])))
+        calls_each = max(1, 4000 // args.clients)
         with Client(server.grpc_target) as c:
             grpc_up, grpc_down = transfer_gbs(c, tensor)
-            grpc_p50 = small_call_p50_ms(c, small, args.calls)
+            grpc_p50 = p50_ms(functools.partial(c.reorder, small), args.calls)
         with Client(server.http_url, encoding="protobuf") as c:
             rest_up, rest_down = transfer_gbs(c, tensor)
         with Client(server.http_url, encoding="json") as c:
-            json_p50 = small_call_p50_ms(c, small, args.calls)
-        rate = calls_per_second(server.grpc_target, small, args.clients, max(1, 4000 // args.clients))
+            json_p50 = p50_ms(functools.partial(c.reorder, small), args.calls)
+        rate = reorder_calls_per_second(server.grpc_target, small, args.clients, calls_each)
         warm = server.startup_s
+    request = execute_request_bytes("reorder", {"sp_input": small}, False)
+    with EchoServer(len(request)) as echo:
+        echo_p50 = p50_ms(functools.partial(echo.call(), request), args.calls)
+        echo_rate = calls_per_second([functools.partial(echo.call(), request) for _ in range(args.clients)],
+                                     calls_each)
 
     print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, loopback; "
           f"a {tensor.nbytes / 1e6:,.0f} MB COO tensor\n")
@@ -148,9 +205,11 @@ def main() -> None:
     print(f"| get over gRPC | {grpc_down:.2f} GB/s ({grpc_down / tcp:.0%} of TCP) |")
     print(f"| put over REST (protobuf body) | {rest_up:.2f} GB/s |")
     print(f"| get over REST (protobuf body) | {rest_down:.2f} GB/s |")
-    print(f"| reorder of 100 nonzeros, p50, gRPC | {grpc_p50:.2f} ms |")
+    print(f"| bare gRPC echo of a reorder's bytes, p50 | {echo_p50:.2f} ms |")
+    print(f"| reorder of 100 nonzeros, p50, gRPC | {grpc_p50:.2f} ms (bare gRPC + {grpc_p50 - echo_p50:.2f}) |")
     print(f"| reorder of 100 nonzeros, p50, REST + JSON | {json_p50:.2f} ms |")
-    print(f"| reorder calls/s, {args.clients} gRPC clients | {rate:,.0f} |")
+    print(f"| bare gRPC echo calls/s, {args.clients} clients | {echo_rate:,.0f} |")
+    print(f"| reorder calls/s, {args.clients} gRPC clients | {rate:,.0f} ({rate / echo_rate:.0%} of bare gRPC) |")
     print(f"| serve to ready, numba cache warm | {warm:.1f} s |")
     print(f"| serve to ready, numba cache cold | {cold.startup_s:.1f} s |")
 

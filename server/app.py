@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -80,6 +81,10 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
 
 
 def _mark_ready(health, service: Service) -> None:
+    # What exists now (modules, numba's compiled kernels: ~150,000 objects) lives as long as
+    # the process. Frozen, it leaves the cyclic collector's scans: a full collection, which
+    # paused every call in flight for ~65 ms, takes well under 1 ms.
+    gc.freeze()
     asyncio.ensure_future(set_serving(health, True))
     _announce("ready", device=service.device)
 
