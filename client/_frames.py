@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ._codec import (DEFAULT_CHUNK_BYTES, _len_prefix, _read_varint, _varint, iter_fields, tensor_bytes,
-                     tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes, value_from_pb)
+from ._codec import (DEFAULT_CHUNK_BYTES, _bytes_field, _len_prefix, _read_varint, _varint, iter_fields,
+                     tensor_bytes, tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes, value_from_pb)
 from ._tensor import SparseTensor
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
@@ -40,12 +40,7 @@ _FRAME_TOTAL, _FRAME_DATA = 1, 2  # MessageFrame
 
 
 def _string_field(number: int, text: str) -> bytes:
-    raw = text.encode()
-    return _len_prefix(number, len(raw)) + raw
-
-
-def _bytes(number: int, body: bytes) -> bytes:
-    return _len_prefix(number, len(body)) + body
+    return _bytes_field(number, text.encode())
 
 
 _KEEP = bytes((_REQUEST_KEEP << 3, 1))
@@ -53,7 +48,7 @@ _KEEP = bytes((_REQUEST_KEEP << 3, 1))
 
 def _named_tensor(name: str, value: Any) -> bytes:
     """A serialized ``NamedTensor``."""
-    return _string_field(_NAMED_NAME, name) + _bytes(_NAMED_TENSOR, tensor_bytes(value))
+    return _string_field(_NAMED_NAME, name) + _bytes_field(_NAMED_TENSOR, tensor_bytes(value))
 
 
 def _nested(number: int, head: bytes, inner: Callable[[int], list], start: int) -> list:
@@ -82,9 +77,9 @@ def execute_request_pieces(op: str, args: dict[str, Any], keep: bool) -> list:
     """A serialized ``ExecuteRequest`` as pieces to send back to back (``execute_request_bytes``
     joins them)."""
     if not any(_is_big_tensor(v) for v in args.values()):
-        entries = [_string_field(_ENTRY_KEY, key) + _bytes(_ENTRY_VALUE, value_bytes(value))
+        entries = [_string_field(_ENTRY_KEY, key) + _bytes_field(_ENTRY_VALUE, value_bytes(value))
                    for key, value in args.items()]
-        return [b"".join((_string_field(_REQUEST_OP, op), *[_bytes(_REQUEST_ARGS, e) for e in entries],
+        return [b"".join((_string_field(_REQUEST_OP, op), *[_bytes_field(_REQUEST_ARGS, e) for e in entries],
                           _KEEP if keep else b""))]
     pieces = [_string_field(_REQUEST_OP, op)]
     position = len(pieces[0])
@@ -109,7 +104,7 @@ def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
     """A serialized ``ExecuteResponse`` (named outputs in declared order) as pieces to send
     back to back."""
     if not any(_is_big_tensor(v) for _, v in outputs):
-        return [b"".join([_bytes(_RESPONSE_OUTPUTS, _named_tensor(name, value)) for name, value in outputs])]
+        return [b"".join([_bytes_field(_RESPONSE_OUTPUTS, _named_tensor(name, value)) for name, value in outputs])]
     pieces: list = []
     position = 0
     for name, value in outputs:
