@@ -142,7 +142,7 @@ def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | Han
 # A REST body holds one ``Tensor`` message; at hundreds of megabytes, protobuf's own
 # encoding and decoding copy every array three times. These produce and read the same bytes
 # with the arrays spliced in and sliced out instead. Field numbers are sparseserve.proto's.
-_TENSOR_SPARSE, _TENSOR_DENSE = 1, 2
+_TENSOR_SPARSE, _TENSOR_DENSE, _TENSOR_HANDLE = 1, 2, 3
 _SPARSE_ARRAY_FIELDS = {3: "indices", 4: "values", 5: "compressed_indices", 6: "plain_indices"}
 _ARRAY_DATA, _ARRAY_PADDING = 3, 15
 # Array bytes start at a multiple of this from the message start, so a reader holding the
@@ -349,14 +349,11 @@ def array_bytes(a: np.ndarray) -> bytes:
 def tensor_bytes(t: Any) -> bytes:
     """The serialized ``Tensor`` message of ``t`` (``tensor_to_pb``'s, without the messages)."""
     if isinstance(t, HandleRef):
-        return _bytes_field(3, t.handle.encode())  # a oneof member: written even when empty
+        return _bytes_field(_TENSOR_HANDLE, t.handle.encode())  # a oneof member: written even when empty
     if not isinstance(t, SparseTensor):
         return _bytes_field(_TENSOR_DENSE, array_bytes(np.asarray(t)))
-    if t.layout == "coo":
-        arrays = _bytes_field(3, array_bytes(t.indices)) + _bytes_field(4, array_bytes(t.values))
-    else:
-        arrays = (_bytes_field(4, array_bytes(t.values)) + _bytes_field(5, array_bytes(t.compressed_indices))
-                  + _bytes_field(6, array_bytes(t.plain_indices)))
+    arrays = b"".join(_bytes_field(number, array_bytes(getattr(t, name)))  # in field-number order
+                      for number, name in _SPARSE_ARRAY_FIELDS.items() if getattr(t, name) is not None)
     body = b"".join((_varint_field(1, _LAYOUT_TO_PB[t.layout]), _packed_field(2, t.dense_shape), arrays,
                      _packed_field(7, t.blocksize or ()), _varint_field(8, int(t.coalesced))))
     return _bytes_field(_TENSOR_SPARSE, body)

@@ -139,8 +139,7 @@ def _frozen(value: Any) -> Any:
 
 def _read_only(t: SparseTensor) -> bool:
     """Whether every array of ``t`` is read-only already (as those decoded from bytes are)."""
-    arrays = (t.indices, t.values) if t.layout == "coo" else (t.compressed_indices, t.plain_indices, t.values)
-    return not any(a.flags.writeable for a in arrays)
+    return not any(a.flags.writeable for a in t.arrays())
 
 
 def _scalar_of_array(value: Any, name: str) -> Any:
