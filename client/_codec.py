@@ -103,9 +103,12 @@ def tensor_to_pb(t: Any, *, with_data: bool = True) -> pb.Tensor:
     return pb.Tensor(dense=array_to_pb(np.asarray(t), with_data=with_data))
 
 
-def _sparse_fields(sp: pb.SparseTensor) -> tuple[str, ...]:
-    layout = _LAYOUT_FROM_PB.get(sp.layout)
+def _layout_arrays(layout: str | None) -> tuple[str, ...]:
     return ("indices", "values") if layout == "coo" else ("compressed_indices", "plain_indices", "values")
+
+
+def _sparse_fields(sp: pb.SparseTensor) -> tuple[str, ...]:
+    return _layout_arrays(_LAYOUT_FROM_PB.get(sp.layout))
 
 
 def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name: str) -> SparseTensor:
@@ -319,8 +322,26 @@ def _tensor_from_view(view: memoryview, name: str):
 # array, copied into its parent, then serialized) they were a fifth of the server's own time
 # on a 100-entry reorder; these write the same bytes directly (``tensor_to_pb(t)
 # .SerializeToString()`` byte for byte: fields in number order, proto3 defaults left out).
-_DTYPE_CODES = {np.dtype(name): code for name, code in _DTYPE_TO_PB.items()}
+# Keyed by little-endian dtypes: an array whose dtype is found here goes out as it is.
+_DTYPE_CODES = {np.dtype(name).newbyteorder("<"): code for name, code in _DTYPE_TO_PB.items()}
 _UINT64 = (1 << 64) - 1
+
+
+# Most varints of a small message (tags, lengths under 128, dimensions) are one byte.
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
+
+
+def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _varint_field(number: int, value: int) -> bytes:
@@ -330,20 +351,30 @@ def _varint_field(number: int, value: int) -> bytes:
 def _packed_field(number: int, values) -> bytes:
     if not len(values):
         return b""
-    packed = b"".join([_varint(v & _UINT64) for v in map(int, values)])
-    return _len_prefix(number, len(packed)) + packed
+    if 0 <= min(values) and max(values) < 0x80:  # one byte each (shapes, mostly)
+        packed = bytes(values)
+    else:
+        packed = b"".join([_varint(v & _UINT64) for v in map(int, values)])
+    return b"".join((_varint(number << 3 | 2), _varint(len(packed)), packed))
 
 
 def _bytes_field(number: int, data: bytes) -> bytes:
-    return _len_prefix(number, len(data)) + data
+    return b"".join((_varint(number << 3 | 2), _varint(len(data)), data))
+
+
+# An Array's dtype field, serialized, by (little-endian) dtype.
+_DTYPE_FIELDS = {dtype: _varint_field(1, code) for dtype, code in _DTYPE_CODES.items()}
 
 
 def array_bytes(a: np.ndarray) -> bytes:
     """The serialized ``Array`` message of ``a``."""
-    a = _wire_array(a)
-    code = _DTYPE_CODES.get(a.dtype) or _DTYPE_TO_PB[a.dtype.newbyteorder("=").name]
-    data = a.tobytes()
-    return b"".join((_varint_field(1, code), _packed_field(2, a.shape), _bytes_field(3, data) if data else b""))
+    a = np.asarray(a)
+    dtype_field = _DTYPE_FIELDS.get(a.dtype)
+    if dtype_field is None:  # big-endian, or not a wire dtype (refused here)
+        a = _wire_array(a)
+        dtype_field = _DTYPE_FIELDS[a.dtype]
+    data = a.tobytes()  # C order whatever the strides
+    return b"".join((dtype_field, _packed_field(2, a.shape), _bytes_field(3, data) if data else b""))
 
 
 def tensor_bytes(t: Any) -> bytes:
@@ -352,11 +383,19 @@ def tensor_bytes(t: Any) -> bytes:
         return _bytes_field(_TENSOR_HANDLE, t.handle.encode())  # a oneof member: written even when empty
     if not isinstance(t, SparseTensor):
         return _bytes_field(_TENSOR_DENSE, array_bytes(np.asarray(t)))
-    arrays = b"".join(_bytes_field(number, array_bytes(getattr(t, name)))  # in field-number order
-                      for number, name in _SPARSE_ARRAY_FIELDS.items() if getattr(t, name) is not None)
-    body = b"".join((_varint_field(1, _LAYOUT_TO_PB[t.layout]), _packed_field(2, t.dense_shape), arrays,
-                     _packed_field(7, t.blocksize or ()), _varint_field(8, int(t.coalesced))))
+    layout_field, array_fields = _LAYOUT_FIELDS[t.layout]
+    body = b"".join((layout_field, _packed_field(2, t.dense_shape),
+                     *[_bytes_field(number, array_bytes(getattr(t, name))) for number, name in array_fields],
+                     _packed_field(7, t.blocksize or ()), _COALESCED if t.coalesced else b""))
     return _bytes_field(_TENSOR_SPARSE, body)
+
+
+# Per layout: its serialized layout field, and its arrays' (field number, attribute) in number order.
+_LAYOUT_FIELDS = {
+    layout: (_varint_field(1, code),
+             tuple((n, f) for n, f in sorted(_SPARSE_ARRAY_FIELDS.items()) if f in _layout_arrays(layout)))
+    for layout, code in _LAYOUT_TO_PB.items()}
+_COALESCED = _varint_field(8, 1)
 
 
 def value_bytes(v: Any) -> bytes:
@@ -410,15 +449,6 @@ def value_from_pb(msg: pb.Value, name: str) -> Any:
 # ------------------------------------------------------------------ chunked streams
 # TensorChunk.data is field 2, length-delimited: its tag byte is (2 << 3) | 2.
 _DATA_TAG = 0x12
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _read_varint(view: memoryview, pos: int) -> tuple[int, int] | None:

@@ -99,7 +99,7 @@ class SparseTensor:
                 # [] means "no entries": give it the [0, sparse_ndim] shape it implies.
                 sparse_ndim = idx.shape[1] if idx.ndim == 2 else len(self.dense_shape)
                 idx = idx.reshape(0, sparse_ndim)
-            self.indices = idx.astype(np.int64, copy=False) if idx.dtype.kind in "iub" else idx
+            self.indices = idx.astype(np.int64) if idx.dtype != np.int64 and idx.dtype.kind in "iub" else idx
             if self.values.size == 0 and self.values.ndim == 1 and idx.ndim == 2:
                 self.values = self.values.reshape((0, *self.dense_shape[idx.shape[1]:]))
             self.compressed_indices = self.plain_indices = None

@@ -117,8 +117,9 @@ def _check_coo(t: SparseTensor, shape: tuple[int, ...], name: str):
             f"{name}.indices has {sparse_ndim} columns but dense_shape has rank {len(shape)}; "
             f"sparse_ndim must be between 1 and the rank", "RANK_MISMATCH")
     # Keys over the sparse dimensions are int64 even when a dense dimension of 0 makes the
-    # whole tensor empty.
-    check_shape(shape[:sparse_ndim], f"{name}.dense_shape[:{sparse_ndim}]")
+    # whole tensor empty (otherwise they are: their product divides the whole's).
+    if sparse_ndim < len(shape) and not math.prod(shape):
+        check_shape(shape[:sparse_ndim], f"{name}.dense_shape[:{sparse_ndim}]")
     _check_values_shape(t.values, (nnz, *shape[sparse_ndim:]), name,
                         f"nnz = {nnz} and dense_shape[{sparse_ndim}:]")
     _check_index_range(idx, np.asarray(shape[:sparse_ndim], dtype=np.int64), f"{name}.indices",

@@ -68,13 +68,14 @@ def catalogue_from_pb(resp: pb.ListOpsResponse) -> tuple[str, list[dict[str, Any
 
 
 def grpc_error(exc: grpc.RpcError, request_id: str | None = None) -> SparseServeError:
-    """The SDK error for a failed gRPC call; its request id is the server's, else the one sent."""
+    """The SDK error for a failed gRPC call; its request id is the server's, else the one sent,
+    else (the server never answered) a fresh one."""
     code = exc.code()
     details = exc.details() or code.name
     metadata = exc.trailing_metadata() or ()
     meta = {k: v for k, v in metadata}
     return error_for_grpc_status(code, details, meta.get(REASON_METADATA_KEY) or _core_reason(code, details),
-                                 meta.get(REQUEST_ID_METADATA_KEY) or request_id)
+                                 new_request_id(meta.get(REQUEST_ID_METADATA_KEY) or request_id))
 
 
 def _core_reason(code: grpc.StatusCode, details: str) -> str | None:
@@ -183,16 +184,17 @@ def http_error(status: int, body: bytes, request_id: str | None = None) -> Spars
     try:
         err = json.loads(body)["error"]
         return error_for_code(err["code"], err["message"], err.get("reason"),
-                              err.get("request_id") or request_id)
+                              new_request_id(err.get("request_id") or request_id))
     except (ValueError, KeyError, TypeError):
         code = _HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
-        return error_for_code(code, f"HTTP {status}: {body[:200]!r}", request_id=request_id)
+        return error_for_code(code, f"HTTP {status}: {body[:200]!r}", request_id=new_request_id(request_id))
 
 
 def transport_error(exc: Exception, request_id: str | None = None) -> SparseServeError:
-    """httpx timeouts and connection failures as SDK errors."""
+    """httpx timeouts and connection failures as SDK errors (with the id sent, else a fresh one)."""
     import httpx
 
+    request_id = new_request_id(request_id)
     if isinstance(exc, httpx.TimeoutException):
         return DeadlineExceededError(f"no answer within the timeout: {exc}", reason="TIMEOUT",
                                      request_id=request_id)

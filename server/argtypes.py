@@ -90,6 +90,10 @@ def _layout_of(value: Any) -> str:
 
 
 def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any:
+    if type(value) is SparseTensor and _read_only(value):  # as decoded from the wires: bound as it is
+        if value not in _CHECKED:
+            check_sparse(value, name)
+        return _in_layouts(value, name, layouts, op)
     if isinstance(value, OutputRef):  # pipelines substitute their references before binding
         raise InvalidArgumentError(f"{name} names the pipeline output {value.ref!r}; such references "
                                    "work only in pipeline steps", reason="BAD_REF")
@@ -114,6 +118,10 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
             check_dense(value, name)
         if not (isinstance(value, SparseTensor) and _read_only(value)):
             value = _frozen(value)
+    return _in_layouts(value, name, layouts, op)
+
+
+def _in_layouts(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any:
     layout = _layout_of(value)
     if layout not in layouts:
         raise UnimplementedError(

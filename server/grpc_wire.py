@@ -23,7 +23,7 @@ from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
 from .limits import deadline_from_remaining, seconds_left
 from .metrics import Metrics, RequestInfo, count_sent, current
-from .service import Service, arguments_nbytes, partitions_from_text
+from .service import Service, partitions_from_text
 from .store import STORE_LIMIT, STORE_REASON
 
 __all__ = ["create_grpc_server", "catalogue_to_pb"]
@@ -93,8 +93,8 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
     async def _response(self, outputs: list[tuple[str, Any]], what: str) -> bytes:
         """Outputs as a serialized ExecuteResponse, refused when over the message limit (keep=true
         then)."""
-        self.service.check_result_size([t for _, t in outputs], self.service.config.max_request_bytes, what)
-        return await self.service.run(outputs_to_bytes, outputs, nbytes=arguments_nbytes(t for _, t in outputs))
+        size = self.service.check_result_size([t for _, t in outputs], self.service.config.max_request_bytes, what)
+        return await self.service.run(outputs_to_bytes, outputs, nbytes=size)
 
     async def Execute(self, request: bytes, context) -> bytes:
         async def run():

@@ -89,9 +89,8 @@ def check_argument_limits(op, args: dict[str, Any], limits: ServerConfig) -> Non
     """Every tensor argument of a call, and every per-dimension list (a shape, a permutation,
     start and size, axes), against the limits: before validation, so that no check or kernel
     walks a million-dimension shape."""
-    declared = {arg.name: arg for arg in op.args}
     for name, value in args.items():
-        arg = declared.get(name)
+        arg = op.args_by_name.get(name)
         if arg is not None and arg.type.per_dimension and isinstance(value, (list, np.ndarray)) \
                 and len(value) > limits.max_rank:
             raise _too_big(name, f"{len(value)} entries, one per dimension,", limits.max_rank, "--max-rank",

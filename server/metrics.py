@@ -42,10 +42,12 @@ class RequestInfo:
     """What the access line and the metrics say about one request; the wire and the service
     fill it in as they learn it (the op once parsed, the tenant once authenticated)."""
 
-    __slots__ = ("request_id", "wire", "op", "code", "tenant", "bytes_in", "bytes_out", "start", "deadline")
+    __slots__ = ("_given_id", "_request_id", "wire", "op", "code", "tenant", "bytes_in", "bytes_out", "start",
+                 "deadline")
 
-    def __init__(self, wire: str, op: str, request_id: str):
-        self.request_id = request_id
+    def __init__(self, wire: str, op: str, given_id: str | None):
+        self._given_id = given_id  # the caller's x-request-id, unchecked
+        self._request_id: str | None = None
         self.wire = wire
         self.op = op
         self.code = "OK"
@@ -54,6 +56,14 @@ class RequestInfo:
         self.bytes_out = 0
         self.start = time.perf_counter()
         self.deadline: float | None = None  # time.monotonic() of the caller's deadline
+
+    @property
+    def request_id(self) -> str:
+        """``request_id_from`` the caller's id, on first use: most gRPC calls neither fail nor
+        log, and a fresh id costs a system call for its random bytes."""
+        if self._request_id is None:
+            self._request_id = request_id_from(self._given_id)
+        return self._request_id
 
 
 current: ContextVar[RequestInfo | None] = ContextVar("sparseserve_request", default=None)
@@ -96,7 +106,7 @@ class Metrics:
         self._children: dict[tuple, tuple] = {}  # labels() takes a lock and builds keys; cache them
 
     def begin(self, wire: str, op: str, request_id: str | None) -> tuple[RequestInfo, Token]:
-        info = RequestInfo(wire, op, request_id_from(request_id))
+        info = RequestInfo(wire, op, request_id)
         return info, current.set(info)
 
     def end(self, info: RequestInfo, token: Token) -> None:

@@ -9,6 +9,7 @@ it, so adding an op touches one place (a module under ``server/ops``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from sparseserve.errors import InvalidArgumentError, NotFoundError
@@ -69,8 +70,7 @@ class OpDef:
         Unknown or missing arguments and values of the wrong type raise
         ``InvalidArgumentError`` naming the argument.
         """
-        known = {a.name for a in self.args}
-        unknown = sorted(set(raw) - known)
+        unknown = sorted(raw.keys() - self.args_by_name)
         if unknown:
             raise InvalidArgumentError(
                 f"{self.name} has no argument {unknown[0]!r}; its arguments are "
@@ -85,6 +85,10 @@ class OpDef:
             else:
                 bound[arg.name] = arg.default
         return bound
+
+    @cached_property
+    def args_by_name(self) -> dict[str, Arg]:
+        return {a.name: a for a in self.args}
 
     def run(self, device: str, bound: Mapping[str, Any]) -> tuple[Any, ...]:
         """The CPU kernel's outputs (the GPU backend dispatches ``cuda`` kernels itself)."""

@@ -217,7 +217,8 @@ class Service:
     async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
         name_op(op_name, self.registry.ops)
         op = self.registry.get(op_name)
-        resolved = {name: await self._resolve(value, tenant) for name, value in args.items()}
+        resolved = {name: await self._resolve(value, tenant) if isinstance(value, (HandleRef, list)) else value
+                    for name, value in args.items()}
         check_argument_limits(op, resolved, self.config)
         if self._partitioned(resolved.values()):
             answer = await self.run(self.cluster.execute, op, resolved, keep, tenant)
@@ -229,10 +230,16 @@ class Service:
         size = arguments_nbytes(resolved.values())
         if size >= INLINE_BYTES:
             return await self._kept(await self.run(self._execute_sync, op, resolved, not keep), keep, tenant)
-        # Small inputs: validate on the loop; the kernel too unless the op says its result is big.
-        bound = await self.run(self._bind, op, resolved, nbytes=size)
+        # Small inputs: validated on the loop, and the kernel run there too unless the op says its
+        # result is big (as ``run`` would, without its awaits: a small call's time is overheads).
+        check_deadline("before the work started")
+        bound = self._bind(op, resolved)
         result = self.result_bytes(op, bound, size)
-        return await self._kept(await self.run(self._compute, op, bound, not keep, nbytes=result), keep, tenant)
+        if result >= INLINE_BYTES:
+            outputs = await self.run(self._compute, op, bound, not keep)
+        else:
+            outputs = self._compute(op, bound, not keep)
+        return await self._kept(outputs, keep, tenant) if keep else outputs  # not kept: on the host already
 
     async def execute_pipeline(self, raw_steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
                                keep: bool, tenant: str) -> list[tuple[str, Any]]:
@@ -375,10 +382,12 @@ class Service:
     def catalogue(self) -> list[dict[str, Any]]:
         return [op.describe() for op in self.registry]
 
-    def check_result_size(self, tensors: list[Any], limit: int, what: str) -> None:
+    def check_result_size(self, tensors: list[Any], limit: int, what: str) -> int:
+        """The bytes of ``tensors`` (handles count none), refused over ``limit``."""
         size = sum(tensor_nbytes(t) for t in tensors if not isinstance(t, HandleRef))
         if size > limit:
             raise ResourceExhaustedError(
                 f"the {what} takes {size} bytes, over the {limit}-byte message limit; call with "
                 "keep=true and fetch the result with get (it streams in chunks)",
                 reason="MESSAGE_TOO_LARGE")
+        return size

@@ -195,7 +195,8 @@ def test_chosen_request_id_comes_back_on_errors_and_in_the_log(srv, wire):
         assert c.reorder(GOOD, request_id=f"{rid}-ok").nnz == 2  # the op methods take it too
         with pytest.raises(NotFoundError) as info:
             c.get("h-" + "0" * 32)
-        assert FRESH_ID.fullmatch(info.value.request_id)  # the SDK sent a fresh one
+        assert FRESH_ID.fullmatch(info.value.request_id)  # none chosen: the server's own, as logged
+    assert access_line(srv, info.value.request_id)["code"] == "NOT_FOUND"
     line = access_line(srv, rid)
     assert line["wire"] == ("grpc" if wire == "grpc" else "rest")
     assert (line["op"], line["code"], line["tenant"]) == ("reorder", "INVALID_ARGUMENT", "tenant-0")
