@@ -355,11 +355,11 @@ def _packed_field(number: int, values) -> bytes:
         packed = bytes(values)
     else:
         packed = b"".join([_varint(v & _UINT64) for v in map(int, values)])
-    return b"".join((_varint(number << 3 | 2), _varint(len(packed)), packed))
+    return _len_prefix(number, len(packed)) + packed
 
 
 def _bytes_field(number: int, data: bytes) -> bytes:
-    return b"".join((_varint(number << 3 | 2), _varint(len(data)), data))
+    return _len_prefix(number, len(data)) + data
 
 
 # An Array's dtype field, serialized, by (little-endian) dtype.
