@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from contextvars import ContextVar, Token
@@ -62,10 +63,13 @@ class RequestInfo:
         """``request_id_from`` the caller's id, on first use: most gRPC calls neither fail nor
         log, and a fresh id costs a system call for its random bytes."""
         if self._request_id is None:
-            self._request_id = request_id_from(self._given_id)
+            with _FIRST_USE:  # a kernel thread's log line and the loop's error must not make two
+                if self._request_id is None:
+                    self._request_id = request_id_from(self._given_id)
         return self._request_id
 
 
+_FIRST_USE = threading.Lock()
 current: ContextVar[RequestInfo | None] = ContextVar("sparseserve_request", default=None)
 
 

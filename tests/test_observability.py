@@ -211,6 +211,16 @@ def test_the_json_error_body_and_header_carry_the_id(srv):
     assert response.json()["error"]["code"] == "NOT_FOUND"
 
 
+def test_a_request_id_is_made_once_on_first_use():
+    from sparseserve.server.metrics import RequestInfo
+
+    info = RequestInfo("grpc", "reorder", None)
+    first = info.request_id
+    assert FRESH_ID.fullmatch(first) and info.request_id == first  # made once, then kept
+    assert RequestInfo("rest", "reorder", "abc-1").request_id == "abc-1"
+    assert FRESH_ID.fullmatch(RequestInfo("rest", "reorder", "bad id").request_id)
+
+
 @pytest.mark.parametrize("bad", ["x" * 500, 'a b"c', "é", ""])
 def test_a_bad_request_id_is_replaced_not_echoed(srv, bad):
     response = httpx.post(f"{srv.http_url}/v1/ops/no_such_op", json={},
