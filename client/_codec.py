@@ -322,8 +322,6 @@ def _tensor_from_view(view: memoryview, name: str):
 # array, copied into its parent, then serialized) they were a fifth of the server's own time
 # on a 100-entry reorder; these write the same bytes directly (``tensor_to_pb(t)
 # .SerializeToString()`` byte for byte: fields in number order, proto3 defaults left out).
-# Keyed by little-endian dtypes: an array whose dtype is found here goes out as it is.
-_DTYPE_CODES = {np.dtype(name).newbyteorder("<"): code for name, code in _DTYPE_TO_PB.items()}
 _UINT64 = (1 << 64) - 1
 
 
@@ -362,8 +360,9 @@ def _bytes_field(number: int, data: bytes) -> bytes:
     return _len_prefix(number, len(data)) + data
 
 
-# An Array's dtype field, serialized, by (little-endian) dtype.
-_DTYPE_FIELDS = {dtype: _varint_field(1, code) for dtype, code in _DTYPE_CODES.items()}
+# An Array's dtype field, serialized, by little-endian dtype: an array whose dtype is found
+# here goes out as it is.
+_DTYPE_FIELDS = {dtype: _varint_field(1, code) for code, dtype in _WIRE_DTYPES.items()}
 
 
 def array_bytes(a: np.ndarray) -> bytes:

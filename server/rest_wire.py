@@ -432,13 +432,12 @@ def _op_schema(op: OpDef) -> dict:
 async def _outputs_response(service: Service, request: Request, outputs: list[tuple[str, Any]], what: str):
     """Named outputs as an ExecuteResponse (over the message limit: refused, keep=true then) or
     as JSON, as the request's Accept asks."""
-    out_bytes = arguments_nbytes(t for _, t in outputs)
     if _wants_protobuf(request):
-        service.check_result_size([t for _, t in outputs], service.config.max_request_bytes, what)
-        body = await service.run(outputs_to_bytes, outputs, nbytes=out_bytes)
+        size = service.check_result_size([t for _, t in outputs], service.config.max_request_bytes, what)
+        body = await service.run(outputs_to_bytes, outputs, nbytes=size)
         return Response(body, media_type=PROTOBUF)
     encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}},
-                                nbytes=out_bytes)
+                                nbytes=arguments_nbytes(t for _, t in outputs))
     return JSONResponse(encoded)
 
 
