@@ -7,6 +7,7 @@ service code and every log line of the request can reach it without passing it a
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -16,8 +17,9 @@ import uuid
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from .service import Service
@@ -91,23 +93,75 @@ class _ServiceCollector:
                                 value=self.service.queued)
 
 
+# A row of ``_RequestTotals``: these, then one count per latency bucket.
+_COUNT, _SECONDS, _IN, _OUT, _BUCKET0 = range(5)
+
+
+class _RequestTotals:
+    """Per (wire, op, code): requests, their seconds (sum and histogram buckets) and bytes in and
+    out, turned into Prometheus families when scraped. prometheus_client's Counter and Histogram
+    take a lock on each update, five per request; these are plain numbers, added to on the event
+    loop's thread, the only one that ends requests (both wires' handlers run on it)."""
+
+    def __init__(self):
+        self.bounds = (*_BUCKETS, float("inf"))
+        self.rows: dict[tuple[str, str, str], list] = {}
+
+    def add(self, key: tuple[str, str, str], seconds: float, bytes_in: int, bytes_out: int) -> None:
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = [0, 0.0, 0, 0, *[0] * len(self.bounds)]
+        row[_COUNT] += 1
+        row[_SECONDS] += seconds
+        row[_IN] += bytes_in
+        row[_OUT] += bytes_out
+        row[_BUCKET0 + bisect.bisect_left(self.bounds, seconds)] += 1  # the first bound >= seconds
+
+    def collect(self):
+        rows = [(key, list(row)) for key, row in list(self.rows.items())]  # a snapshot: the loop goes on
+        requests = CounterMetricFamily("sparseserve_requests", "Requests by wire, op and result code",
+                                       labels=["wire", "op", "code"])
+        for key, row in rows:
+            requests.add_metric(key, row[_COUNT])
+        yield requests
+        latency: dict[tuple[str, str], list] = {}
+        moved: dict[str, list] = {}
+        for (wire, op, _), row in rows:
+            into = latency.setdefault((wire, op), [0] * len(self.bounds) + [0.0])  # buckets, then the sum
+            for i, n in enumerate(row[_BUCKET0:]):
+                into[i] += n
+            into[-1] += row[_SECONDS]
+            totals = moved.setdefault(wire, [0, 0])
+            totals[0] += row[_IN]
+            totals[1] += row[_OUT]
+        seconds = HistogramMetricFamily("sparseserve_request_seconds", "Request latency by wire and op",
+                                        labels=["wire", "op"])
+        for labels, counts in latency.items():
+            cumulative, buckets = 0, []
+            for bound, n in zip(self.bounds, counts):
+                cumulative += n
+                buckets.append((floatToGoString(bound), cumulative))
+            seconds.add_metric(labels, buckets, counts[-1])
+        yield seconds
+        for index, name, doc in ((0, "sparseserve_received_bytes", "Request bytes received"),
+                                 (1, "sparseserve_sent_bytes", "Response bytes sent")):
+            family = CounterMetricFamily(name, doc, labels=["wire"])
+            for wire, totals in moved.items():
+                family.add_metric([wire], totals[index])
+            yield family
+
+
 class Metrics:
     """The service's own registry (not prometheus_client's global one: a test may run several
     services in one process)."""
 
     def __init__(self, service: Service):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter("sparseserve_requests", "Requests by wire, op and result code",
-                                ["wire", "op", "code"], registry=self.registry)
-        self.seconds = Histogram("sparseserve_request_seconds", "Request latency by wire and op",
-                                 ["wire", "op"], buckets=_BUCKETS, registry=self.registry)
-        self.received = Counter("sparseserve_received_bytes", "Request bytes received", ["wire"],
-                                registry=self.registry)
-        self.sent = Counter("sparseserve_sent_bytes", "Response bytes sent", ["wire"], registry=self.registry)
+        self.totals = _RequestTotals()
+        self.registry.register(self.totals)
         self.fallbacks = Counter("sparseserve_device_fallbacks", "Calls a GPU worker ran on the CPU kernel "
                                  "instead, by op and reason", ["op", "reason"], registry=self.registry)
         self.registry.register(_ServiceCollector(service))
-        self._children: dict[tuple, tuple] = {}  # labels() takes a lock and builds keys; cache them
 
     def begin(self, wire: str, op: str, request_id: str | None) -> tuple[RequestInfo, Token]:
         info = RequestInfo(wire, op, request_id)
@@ -116,17 +170,7 @@ class Metrics:
     def end(self, info: RequestInfo, token: Token) -> None:
         seconds = time.perf_counter() - info.start
         current.reset(token)
-        key = (info.wire, info.op, info.code)
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = (
-                self.requests.labels(*key), self.seconds.labels(info.wire, info.op),
-                self.received.labels(info.wire), self.sent.labels(info.wire))
-        count, latency, received, sent = children
-        count.inc()
-        latency.observe(seconds)
-        received.inc(info.bytes_in)
-        sent.inc(info.bytes_out)
+        self.totals.add((info.wire, info.op, info.code), seconds, info.bytes_in, info.bytes_out)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("request", extra={"fields": {
                 "request_id": info.request_id, "wire": info.wire, "op": info.op, "code": info.code,

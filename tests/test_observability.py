@@ -305,6 +305,41 @@ def test_the_formatter_keeps_a_message_on_one_line():
                                                  "message": 'a "quoted"\nmessage {brace', "request_id": "rid-7"}
 
 
+def test_request_totals_render_as_prometheus_families():
+    """The request counters and the latency histogram are plain numbers rendered at scrape time:
+    each duration lands in the first bucket whose bound holds it (a bound is inclusive), the
+    buckets are cumulative, and the byte counters add up per wire."""
+    from sparseserve.server.metrics import Metrics
+
+    class _Service:
+        class store:
+            @staticmethod
+            def stats():
+                return 0, 0
+        running = queued = 0
+
+    metrics = Metrics(_Service())
+    for seconds, code in ((0.0002, "OK"), (0.0004, "OK"), (0.003, "OK"), (100.0, "OK"), (0.0001, "NOT_FOUND")):
+        info, token = metrics.begin("grpc", "reorder", None)
+        info.start -= seconds
+        info.code, info.bytes_in, info.bytes_out = code, 10, 3
+        metrics.end(info, token)
+    metrics.totals.add(("grpc", "reorder", "OK"), 0.001, 0, 0)  # on a bound: in its bucket
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in text_string_to_metric_families(metrics.render().decode())
+               for sample in family.samples}
+    grpc_reorder = (("op", "reorder"), ("wire", "grpc"))
+    assert samples[("sparseserve_requests_total", (("code", "OK"), *grpc_reorder))] == 5
+    assert samples[("sparseserve_requests_total", (("code", "NOT_FOUND"), *grpc_reorder))] == 1
+    buckets = {dict(labels)["le"]: value for (name, labels), value in samples.items()
+               if name == "sparseserve_request_seconds_bucket"}
+    assert (buckets["0.0005"], buckets["0.001"], buckets["0.005"], buckets["60.0"], buckets["+Inf"]) == (3, 4, 5, 5, 6)
+    assert samples[("sparseserve_request_seconds_count", grpc_reorder)] == 6
+    assert samples[("sparseserve_request_seconds_sum", grpc_reorder)] == pytest.approx(100.0047, abs=1e-3)
+    assert samples[("sparseserve_received_bytes_total", (("wire", "grpc"),))] == 50
+    assert samples[("sparseserve_sent_bytes_total", (("wire", "grpc"),))] == 15
+
+
 def test_sdk_errors_without_a_server_carry_the_id():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
