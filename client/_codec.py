@@ -15,7 +15,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from ._dtypes import DTYPE_NAMES, check_supported
-from ._tensor import HandleRef, OutputRef, SparseTensor
+from ._tensor import HandleRef, OutputRef, SparseTensor, canonical_coo
 from ._validate import check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
@@ -119,8 +119,12 @@ def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name
     shape = check_shape(sp.dense_shape, f"{name}.dense_shape")
     blocksize = tuple(sp.blocksize) if len(sp.blocksize) else None
     if layout == "coo":
-        return SparseTensor(indices=arrays["indices"], values=arrays["values"], dense_shape=shape,
-                            coalesced=sp.coalesced, blocksize=blocksize)
+        indices, values = arrays["indices"], arrays["values"]
+        if canonical_coo(indices, values):
+            return SparseTensor._of_canonical("coo", shape, indices=indices, values=values, blocksize=blocksize,
+                                              coalesced=sp.coalesced)
+        return SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=sp.coalesced,
+                            blocksize=blocksize)
     return SparseTensor(layout=layout, compressed_indices=arrays["compressed_indices"],
                         plain_indices=arrays["plain_indices"], values=arrays["values"],
                         dense_shape=shape, blocksize=blocksize, coalesced=sp.coalesced)
@@ -129,14 +133,14 @@ def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name
 def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | HandleRef:
     """Decode a ``Tensor`` message. Structural checks only; the server then runs ``check_sparse``."""
     kind = msg.WhichOneof("kind")
-    if kind == "handle":
-        return HandleRef(msg.handle)
-    if kind == "dense":
-        return array_from_pb(msg.dense, name)
     if kind == "sparse":
         sp = msg.sparse
         arrays = {f: array_from_pb(getattr(sp, f), f"{name}.{f}") for f in _sparse_fields(sp)}
         return _sparse_from_arrays(sp, arrays, name)
+    if kind == "handle":
+        return HandleRef(msg.handle)
+    if kind == "dense":
+        return array_from_pb(msg.dense, name)
     raise InvalidArgumentError(f"{name} is an empty Tensor message: set sparse, dense or handle",
                                reason="MISSING_TENSOR")
 

@@ -62,12 +62,14 @@ _SMALL_CHECK = 1 << 14
 
 
 def _check_index_range(indices: np.ndarray, limits: np.ndarray, name: str, limits_name: str):
-    """Every ``indices[..., j]`` in ``[0, limits[j])``; the message names the first offender
-    and the limit (``limits_name[j]``) it breaks."""
+    """Every int64 ``indices[..., j]`` in ``[0, limits[j])`` (non-negative int64 limits); the
+    message names the first offender and the limit (``limits_name[j]``) it breaks."""
     if indices.size == 0:
         return
-    if indices.size <= _SMALL_CHECK:  # two whole-array passes: fewer calls than per column
-        if indices.min() >= 0 and (indices < limits).all():
+    if indices.size <= _SMALL_CHECK:  # one whole-array pass: fewer calls than per column
+        # Read as uint64, a negative int64 index is 2**63 or more, above every limit: one
+        # comparison checks both ends.
+        if (indices.view(np.uint64) < limits.view(np.uint64)).all():
             return
     else:
         # One min/max pass per column, no nnz-sized temporaries unless something is wrong.

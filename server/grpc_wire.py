@@ -75,20 +75,11 @@ def _tenant(service: Service, context: grpc.aio.ServicerContext) -> str:
 
 
 class SparseServicer(pb_grpc.SparseServiceServicer):
+    """The methods' bodies. Errors are ``_observed``'s to answer: a ``SparseServeError`` becomes
+    its gRPC status, anything else INTERNAL."""
+
     def __init__(self, service: Service):
         self.service = service
-
-    async def _guard(self, context, coro):
-        """Await ``coro``; map service errors to the gRPC status, and bugs to INTERNAL."""
-        try:
-            return await coro
-        except SparseServeError as err:
-            await _abort(context, err)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:  # keep serving; say it was a bug
-            log.exception("unexpected error")
-            await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
 
     async def _response(self, outputs: list[tuple[str, Any]], what: str) -> bytes:
         """Outputs as a serialized ExecuteResponse, refused when over the message limit (keep=true
@@ -97,93 +88,64 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         return await self.service.run(outputs_to_bytes, outputs, nbytes=size)
 
     async def Execute(self, request: bytes, context) -> bytes:
-        async def run():
-            tenant = _tenant(self.service, context)
-            op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
-            outputs = await self.service.execute(op, args, keep, tenant)
-            return await self._response(outputs, f"{op} result")
-
-        return await self._guard(context, run())
+        tenant = _tenant(self.service, context)
+        op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
+        outputs = await self.service.execute(op, args, keep, tenant)
+        return await self._response(outputs, f"{op} result")
 
     async def ExecuteStream(self, request_iterator: AsyncIterator[bytes], context):
         """Execute, the request and the reply in ``MessageFrame``s. The reply is not held to
         the message limit: frames of any number travel (--max-result-bytes still applies)."""
-        async def run():
-            tenant = _tenant(self.service, context)
-            assembler = MessageAssembler("request", max_bytes=self.service.config.max_request_bytes)
-            async for frame in request_iterator:
-                assembler.add(frame)
-            request = assembler.finish()
-            op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
-            outputs = await self.service.execute(op, args, keep, tenant)
-            return outputs_pieces(outputs)
-
-        pieces = await self._guard(context, run())
-        for frame in message_frames(pieces):
+        tenant = _tenant(self.service, context)
+        assembler = MessageAssembler("request", max_bytes=self.service.config.max_request_bytes)
+        async for frame in request_iterator:
+            assembler.add(frame)
+        request = assembler.finish()
+        op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
+        outputs = await self.service.execute(op, args, keep, tenant)
+        for frame in message_frames(outputs_pieces(outputs)):
             await context.write(frame)
             count_sent(len(frame))
 
     async def Upload(self, request_iterator: AsyncIterator[bytes], context) -> pb.Handle:
-        async def run():
-            tenant = _tenant(self.service, context)
-            partitions = partitions_from_text(_metadata_value(context, PARTITIONS_KEY), f"{PARTITIONS_KEY} metadata")
-            assembler = ChunkAssembler("tensor", max_bytes=self.service.upload_budget(),
-                                       limit=STORE_LIMIT, reason=STORE_REASON)
-            async for frame in request_iterator:
-                assembler.add(frame)
-            tensor = assembler.finish()
-            handle, nbytes = await self.service.put(tensor, tenant, partitions)
-            return pb.Handle(handle=handle, nbytes=nbytes)
-
-        return await self._guard(context, run())
+        tenant = _tenant(self.service, context)
+        partitions = partitions_from_text(_metadata_value(context, PARTITIONS_KEY), f"{PARTITIONS_KEY} metadata")
+        assembler = ChunkAssembler("tensor", max_bytes=self.service.upload_budget(),
+                                   limit=STORE_LIMIT, reason=STORE_REASON)
+        async for frame in request_iterator:
+            assembler.add(frame)
+        tensor = assembler.finish()
+        handle, nbytes = await self.service.put(tensor, tenant, partitions)
+        return pb.Handle(handle=handle, nbytes=nbytes)
 
     async def Download(self, request: pb.Handle, context):
-        try:
-            tensor = await self.service.get(request.handle, _tenant(self.service, context))
-        except SparseServeError as err:
-            await _abort(context, err)
-            return
+        tensor = await self.service.get(request.handle, _tenant(self.service, context))
         for frame in iter_chunks(tensor):
             await context.write(frame)
             count_sent(len(frame))
 
     async def ExecutePipeline(self, request: pb.PipelineRequest, context) -> bytes:
-        async def run():
-            tenant = _tenant(self.service, context)
-            outputs = await self.service.execute_pipeline(*pipeline_from_pb(request), tenant)
-            return await self._response(outputs, "pipeline result")
-
-        return await self._guard(context, run())
+        tenant = _tenant(self.service, context)
+        outputs = await self.service.execute_pipeline(*pipeline_from_pb(request), tenant)
+        return await self._response(outputs, "pipeline result")
 
     async def PutShared(self, request: pb.SharedTensor, context) -> pb.Handle:
-        async def run():
-            tenant = _tenant(self.service, context)
-            tensor = await self.service.run(self.service.shared.read, request, self.service.store.budget_bytes)
-            handle, nbytes = await self.service.put(tensor, tenant)
-            return pb.Handle(handle=handle, nbytes=nbytes)
-
-        return await self._guard(context, run())
+        tenant = _tenant(self.service, context)
+        tensor = await self.service.run(self.service.shared.read, request, self.service.store.budget_bytes)
+        handle, nbytes = await self.service.put(tensor, tenant)
+        return pb.Handle(handle=handle, nbytes=nbytes)
 
     async def GetShared(self, request: pb.Handle, context) -> pb.SharedTensor:
-        async def run():
-            tensor = await self.service.get(request.handle, _tenant(self.service, context))
-            return await self.service.run(self.service.shared.export, tensor)
-
-        return await self._guard(context, run())
+        tensor = await self.service.get(request.handle, _tenant(self.service, context))
+        return await self.service.run(self.service.shared.export, tensor)
 
     async def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
-        async def run():
-            await self.service.delete(request.handle, _tenant(self.service, context))
-            return pb.DeleteResponse(deleted=True)
-
-        return await self._guard(context, run())
+        await self.service.delete(request.handle, _tenant(self.service, context))
+        return pb.DeleteResponse(deleted=True)
 
     async def ListOps(self, request: pb.ListOpsRequest, context) -> pb.ListOpsResponse:
-        async def run():
-            _tenant(self.service, context)
-            return catalogue_to_pb(self.service.catalogue(), self.service.device)
-
-        return await self._guard(context, run())
+        _tenant(self.service, context)
+        return catalogue_to_pb(self.service.catalogue(), self.service.device)
 
 
 # Upload's chunks and Execute's requests arrive, and Download's and Execute's replies
@@ -210,8 +172,8 @@ async def _counted(frames: AsyncIterator[bytes], info: RequestInfo) -> AsyncIter
 
 
 def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
-    """``handler`` with a request id, metrics and an access line: one wrapper for every method,
-    so that no handler has to remember them."""
+    """``handler`` with a request id, metrics, an access line and its errors answered: one wrapper
+    for every method, so that no handler has to remember them."""
     op = _METHOD_OPS.get(method, method)
 
     async def observed(request, context):
@@ -226,16 +188,17 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
             if reply is not None:
                 info.bytes_out += len(reply) if isinstance(reply, bytes) else reply.ByteSize()
             return reply
+        except SparseServeError as err:
+            await _abort(context, err)
         except grpc.aio.AbortError:  # _abort recorded the code
             raise
         except asyncio.CancelledError:  # gRPC cancels the handler at the caller's deadline too
             left = seconds_left()
             info.code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
             raise
-        except Exception:  # grpc answers UNKNOWN: a bug, or the connection failed under us
-            info.code = "UNKNOWN"
-            log.exception("%s failed outside its handler's guard", method)
-            raise
+        except Exception as exc:  # keep serving; say it was a bug
+            log.exception("%s failed", method)
+            await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
         finally:
             metrics.end(info, token)
 

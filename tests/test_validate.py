@@ -35,6 +35,8 @@ def test_spec_example_message():
 
 @pytest.mark.parametrize("t, reason, message", [
     (coo([[0, -1]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", "sp_input.indices[0, 1] = -1"),
+    (coo([[0, -(1 << 63)]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", f"sp_input.indices[0, 1] = {-(1 << 63)}"),
+    (coo([[(1 << 63) - 1, 0]], [1.0], [(1 << 63) - 1, 1]), "INDEX_OUT_OF_RANGE", "dense_shape[0] = 9223372036854775807"),
     (coo([[3, 0]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", "dense_shape[0] = 3"),
     (coo([[0, 0]], [1.0], [3, -4]), "NEGATIVE_DIMENSION", "sp_input.dense_shape[1] = -4 is negative"),
     (coo([[0, 0]], [1.0], [1 << 40, 1 << 40]), "SHAPE_OVERFLOW", "more than int64"),
