@@ -202,17 +202,27 @@ def packed_order(indices: np.ndarray, sparse_shape, values: np.ndarray | None = 
     return packed, pos_bits, sorted_values
 
 
+@njit(nogil=True, cache=True)
+def linear_argsort_kernel(indices, shape):
+    """``radix_argsort_kernel(linearize_kernel(indices, shape))``: one call where a small input's
+    time is mostly the calls."""
+    return radix_argsort_kernel(linearize_kernel(indices, shape))
+
+
+def sequential_order(indices: np.ndarray, sparse_shape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(perm, keys[perm]): the stable row-major order of validated COO indices by a sequential
+    radix sort of (key, position) pairs, for small inputs and keys too wide to pack."""
+    return linear_argsort_kernel(frozen(np.ascontiguousarray(indices, dtype=np.int64)), sparse_shape)
+
+
 def sorted_keys(indices: np.ndarray, sparse_shape,
                 values: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(perm, keys[perm], values[perm] or None): the stable row-major order of validated COO
-    indices (``packed_order`` unpacked, or a sequential radix sort of (key, position) pairs
-    for small inputs and keys too wide to pack)."""
+    indices (``packed_order`` unpacked, or ``sequential_order``)."""
     sparse_shape = np.asarray(sparse_shape, dtype=np.int64)
     packed = packed_order(indices, sparse_shape, values)
     if packed is None:
-        indices = frozen(np.ascontiguousarray(indices, dtype=np.int64))
-        perm, keys = radix_argsort_kernel(linearize_kernel(indices, sparse_shape))
-        return perm, keys, None
+        return (*sequential_order(indices, sparse_shape), None)
     words, pos_bits, sorted_values = packed
     keys, perm = np.empty(words.size, np.int64), np.empty(words.size, np.int64)
     with _parallel.PARALLEL_LOCK:

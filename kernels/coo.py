@@ -15,7 +15,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
 from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen, gather_rows,
-                    linearize, packed_order, segment_starts_kernel, sorted_keys, split_packed,
+                    linearize, packed_order, segment_starts_kernel, sequential_order, split_packed,
                     unique_runs)
 
 
@@ -242,7 +242,7 @@ def reorder(indices, values, dense_shape):
     sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
     packed = packed_order(indices, sparse_shape, values)
     if packed is None:  # small, or keys too wide to pack with their positions
-        perm, keys, _ = sorted_keys(indices, sparse_shape)
+        perm, keys = sequential_order(indices, sparse_shape)
         return delinearize_kernel(keys, sparse_shape), gather_rows(values, perm)
     # Keys and index rows correspond one to one, so the sorted indices come from the
     # sorted words sequentially instead of by a random gather of index rows.
@@ -282,7 +282,7 @@ def coalesce(indices, values, dense_shape):
     values2d = _values2d(values, nnz)
     packed = packed_order(indices, sparse_shape, values2d)
     if packed is None:  # small, or keys too wide to pack with their positions
-        perm, keys, _ = sorted_keys(indices, sparse_shape)
+        perm, keys = sequential_order(indices, sparse_shape)
         starts = segment_starts_kernel(keys)
         out_indices = delinearize_kernel(keys[starts], sparse_shape)
         sorted_values = gather_rows(values2d, perm)
