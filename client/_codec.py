@@ -160,7 +160,8 @@ _PADDING_TAG = _ARRAY_PADDING << 3 | 2
 
 
 def _len_prefix(number: int, length: int) -> bytes:
-    return _varint(number << 3 | 2) + _varint(length)
+    """The tag and length of a length-delimited field (then its ``length`` bytes)."""
+    return _LEN_TAGS[number] + (_ONE_BYTE[length] if length < 0x80 else _varint(length))
 
 
 def _array_parts(a: np.ndarray) -> tuple[bytes, memoryview | None]:
@@ -344,6 +345,10 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+# The tags of length-delimited fields 1-15, one byte each: sparseserve.proto numbers none higher.
+_LEN_TAGS = tuple(_varint(number << 3 | 2) for number in range(16))
 
 
 def _varint_field(number: int, value: int) -> bytes:

@@ -50,9 +50,10 @@ def _as_int64_vector(shape: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in np.asarray(shape, dtype=np.int64).reshape(-1))
 
 
-def canonical_coo(indices: np.ndarray, values: np.ndarray) -> bool:
+def canonical_coo(indices: Any, values: Any) -> bool:
     """Whether ``SparseTensor.__init__`` keeps COO arrays as they are (``_of_canonical`` may build it)."""
-    return indices.ndim == 2 and indices.dtype == np.int64 and (values.ndim != 1 or values.size > 0)
+    return (type(indices) is np.ndarray and type(values) is np.ndarray and indices.ndim == 2
+            and indices.dtype == np.int64 and (values.ndim != 1 or values.size > 0))
 
 
 class SparseTensor:

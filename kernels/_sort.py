@@ -135,7 +135,7 @@ def gather_rows(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
     and nothing to compile.
     """
     if 0 < a.shape[0] < _parallel.PARALLEL_MIN:  # small: the word view's set-up is most of the work
-        return np.take(a, perm, axis=0)
+        return a.take(perm, axis=0)
     a = np.ascontiguousarray(a)
     n = a.shape[0]
     row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))

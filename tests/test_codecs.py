@@ -429,3 +429,55 @@ class TestMessageFrames:
                 assembler.add(frame)
             assembler.finish()
         assert info.value.reason == reason and words in info.value.message and "request" in info.value.message
+
+
+def _attributes(t: SparseTensor) -> list:
+    return [getattr(t, name) for name in SparseTensor.__slots__ if name != "__weakref__"]
+
+
+@pytest.mark.parametrize("indices, values, shape", [
+    (np.array([[2, 1], [0, 3]]), np.array([1.0, 2.0]), (4, 5)),
+    (np.zeros((0, 2), np.int64), np.zeros((0, 3)), (4, 5, 3)),  # empty, hybrid
+    (np.array([[1]]), np.ones((1, 2), np.float32), (4, 2)),
+])
+def test_canonical_coo_builds_what_the_constructor_would(indices, values, shape):
+    """The decoders and the ops' outputs skip ``__init__`` when it would convert nothing: the same
+    tensor, attribute for attribute."""
+    from sparseserve._tensor import canonical_coo
+
+    assert canonical_coo(indices, values)
+    built = SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=True)
+    fast = SparseTensor._of_canonical("coo", shape, indices=indices, values=values, coalesced=True)
+    for a, b in zip(_attributes(built), _attributes(fast)):
+        if isinstance(a, np.ndarray):
+            assert (a.shape, a.dtype) == (b.shape, b.dtype) and np.array_equal(a, b)
+        else:
+            assert a == b
+
+
+@pytest.mark.parametrize("indices, values", [
+    (np.array([[2, 1]], np.int32), np.array([1.0])),  # int32 indices: __init__ widens them
+    (np.zeros(0, np.int64), np.array([1.0])),  # 1-D empty indices: __init__ reshapes them
+    (np.zeros((0, 2), np.int64), np.zeros(0)),  # an empty values vector: __init__ reshapes it
+    ([[2, 1]], np.array([1.0])),  # not arrays
+])
+def test_canonical_coo_leaves_conversions_to_the_constructor(indices, values):
+    from sparseserve._tensor import canonical_coo
+
+    assert not canonical_coo(indices, values)
+
+
+@pytest.mark.parametrize("indices_shape, values_shape", [((2,), (0,)), ((0,), (0,)), ((0, 2), (0,)), ((1, 2), (1,))])
+def test_decoded_coo_equals_the_constructors_for_any_declared_shapes(indices_shape, values_shape):
+    """Whatever shapes the wire declares for the arrays, decoding gives ``SparseTensor(...)`` of them."""
+    indices = np.zeros(indices_shape, np.int64)
+    values = np.zeros(values_shape)
+    msg = pb.Tensor(sparse=pb.SparseTensor(layout=pb.COO, dense_shape=[3, 4],
+                                           indices=pb.Array(dtype=pb.INT64, shape=indices_shape,
+                                                            data=indices.tobytes()),
+                                           values=pb.Array(dtype=pb.FLOAT64, shape=values_shape,
+                                                           data=values.tobytes())))
+    decoded = tensor_from_pb(msg, "t")
+    built = SparseTensor(indices=indices, values=values, dense_shape=[3, 4])
+    assert decoded.indices.shape == built.indices.shape and decoded.values.shape == built.values.shape
+    assert decoded.dense_shape == built.dense_shape and decoded.coalesced == built.coalesced
