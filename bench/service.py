@@ -130,10 +130,12 @@ def p50_ms(call: Callable[[], object], calls: int) -> float:
     return statistics.median(times[calls // 10:]) * 1e3  # the first tenth warms the connection
 
 
-def calls_per_second(calls: list[Callable[[], object]], calls_each: int) -> float:
-    """Calls/s of ``calls`` (one per client, each its own connection) made from one thread each."""
+def calls_per_second(calls: list[Callable[[], object]], calls_each: int, warm_calls: int = 20) -> float:
+    """Calls/s of ``calls`` (one per client, each its own connection) made from one thread each,
+    after ``warm_calls`` from each (a new connection's first calls run slower)."""
     for call in calls:
-        call()
+        for _ in range(warm_calls):
+            call()
     barrier = threading.Barrier(len(calls) + 1)
 
     def worker(call: Callable[[], object]) -> None:
@@ -161,11 +163,22 @@ def reorder_calls_per_second(target: str, tensor: SparseTensor, clients: int, ca
             c.close()
 
 
+def interleaved_rates(rounds: int, **rate_of: Callable[[], float]) -> dict[str, list[float]]:
+    """Each rate measured ``rounds`` times, taking turns: this machine's speed drifts from minute
+    to minute, and taking turns lets every measure see the same drift."""
+    rates: dict[str, list[float]] = {name: [] for name in rate_of}
+    for _ in range(rounds):
+        for name, rate in rate_of.items():
+            rates[name].append(rate())
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.service")
     parser.add_argument("--mb", type=int, default=1000, help="size of the transferred COO tensor")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the calls/s measures (medians reported)")
     args = parser.parse_args()
 
     tensor = coo_of_bytes(args.mb * 1_000_000)
@@ -188,13 +201,16 @@ def main() -> None:
             rest_up, rest_down = transfer_gbs(c, tensor)
         with Client(server.http_url, encoding="json") as c:
             json_p50 = p50_ms(functools.partial(c.reorder, small), args.calls)
-        rate = reorder_calls_per_second(server.grpc_target, small, args.clients, calls_each)
         warm = server.startup_s
-    request = execute_request_bytes("reorder", {"sp_input": small}, False)
-    with EchoServer(len(request)) as echo:
-        echo_p50 = p50_ms(functools.partial(echo.call(), request), args.calls)
-        echo_rate = calls_per_second([functools.partial(echo.call(), request) for _ in range(args.clients)],
-                                     calls_each)
+        request = execute_request_bytes("reorder", {"sp_input": small}, False)
+        with EchoServer(len(request)) as echo:
+            echo_p50 = p50_ms(functools.partial(echo.call(), request), args.calls)
+            rates = interleaved_rates(
+                args.rounds,
+                ours=lambda: reorder_calls_per_second(server.grpc_target, small, args.clients, calls_each),
+                bare=lambda: calls_per_second([functools.partial(echo.call(), request)
+                                               for _ in range(args.clients)], calls_each))
+    rate, echo_rate = statistics.median(rates["ours"]), statistics.median(rates["bare"])
 
     print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, loopback; "
           f"a {tensor.nbytes / 1e6:,.0f} MB COO tensor\n")
@@ -208,8 +224,11 @@ def main() -> None:
     print(f"| bare gRPC echo of a reorder's bytes, p50 | {echo_p50:.2f} ms |")
     print(f"| reorder of 100 nonzeros, p50, gRPC | {grpc_p50:.2f} ms (bare gRPC + {grpc_p50 - echo_p50:.2f}) |")
     print(f"| reorder of 100 nonzeros, p50, REST + JSON | {json_p50:.2f} ms |")
-    print(f"| bare gRPC echo calls/s, {args.clients} clients | {echo_rate:,.0f} |")
-    print(f"| reorder calls/s, {args.clients} gRPC clients | {rate:,.0f} ({rate / echo_rate:.0%} of bare gRPC) |")
+    spread = {name: f"{min(r):,.0f}–{max(r):,.0f}" for name, r in rates.items()}
+    print(f"| bare gRPC echo calls/s, {args.clients} clients, median of {args.rounds} | {echo_rate:,.0f} "
+          f"(rounds {spread['bare']}) |")
+    print(f"| reorder calls/s, {args.clients} gRPC clients, median of {args.rounds} | {rate:,.0f} "
+          f"({rate / echo_rate:.0%} of bare gRPC; rounds {spread['ours']}) |")
     print(f"| serve to ready, numba cache warm | {warm:.1f} s |")
     print(f"| serve to ready, numba cache cold | {cold.startup_s:.1f} s |")
 
