@@ -15,7 +15,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from ._dtypes import DTYPE_NAMES, check_supported
-from ._tensor import HandleRef, OutputRef, SparseTensor, canonical_coo
+from ._tensor import HandleRef, OutputRef, SparseTensor, coo_tensor
 from ._validate import check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
@@ -119,12 +119,7 @@ def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name
     shape = check_shape(sp.dense_shape, f"{name}.dense_shape")
     blocksize = tuple(sp.blocksize) if len(sp.blocksize) else None
     if layout == "coo":
-        indices, values = arrays["indices"], arrays["values"]
-        if canonical_coo(indices, values):
-            return SparseTensor._of_canonical("coo", shape, indices=indices, values=values, blocksize=blocksize,
-                                              coalesced=sp.coalesced)
-        return SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=sp.coalesced,
-                            blocksize=blocksize)
+        return coo_tensor(arrays["indices"], arrays["values"], shape, coalesced=sp.coalesced, blocksize=blocksize)
     return SparseTensor(layout=layout, compressed_indices=arrays["compressed_indices"],
                         plain_indices=arrays["plain_indices"], values=arrays["values"],
                         dense_shape=shape, blocksize=blocksize, coalesced=sp.coalesced)

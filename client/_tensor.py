@@ -50,12 +50,6 @@ def _as_int64_vector(shape: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in np.asarray(shape, dtype=np.int64).reshape(-1))
 
 
-def canonical_coo(indices: Any, values: Any) -> bool:
-    """Whether ``SparseTensor.__init__`` keeps COO arrays as they are (``_of_canonical`` may build it)."""
-    return (type(indices) is np.ndarray and type(values) is np.ndarray and indices.ndim == 2
-            and indices.dtype == np.int64 and (values.ndim != 1 or values.size > 0))
-
-
 class SparseTensor:
     """A sparse tensor: COO (TensorFlow's convention) or CSR/CSC/BSR/BSC (PyTorch's).
 
@@ -119,20 +113,6 @@ class SparseTensor:
                 self.compressed_indices = self.compressed_indices.astype(np.int64)
             if self.plain_indices.dtype == np.float64 and self.plain_indices.size == 0:
                 self.plain_indices = self.plain_indices.astype(self.compressed_indices.dtype)
-
-    @classmethod
-    def _of_canonical(cls, layout: str, dense_shape: tuple[int, ...], *, values: np.ndarray,
-                      indices: np.ndarray | None = None, compressed_indices: np.ndarray | None = None,
-                      plain_indices: np.ndarray | None = None, blocksize: tuple[int, ...] | None = None,
-                      coalesced: bool = False) -> "SparseTensor":
-        """The tensor ``__init__`` would make, for arguments it would leave as they are: ndarrays,
-        a tuple of ints for the shape, and for COO int64 ``indices`` of rank 2 and ``values`` not
-        an empty vector (``canonical_coo`` says). The decoders build every tensor of a call; the
-        conversions they skip were a tenth of a small call's decoding."""
-        t = object.__new__(cls)
-        t.layout, t.dense_shape, t.values, t.blocksize, t.coalesced = layout, dense_shape, values, blocksize, coalesced
-        t.indices, t.compressed_indices, t.plain_indices = indices, compressed_indices, plain_indices
-        return t
 
     # ----------------------------------------------------------------- shape
     @property
@@ -238,3 +218,21 @@ class SparseTensor:
             parts.append(f"indices={self.indices.tolist()}")
             parts.append(f"values={self.values.tolist()}")
         return f"SparseTensor({', '.join(parts)})"
+
+
+def coo_tensor(indices: Any, values: Any, dense_shape: tuple[int, ...], *, coalesced: bool = False,
+               blocksize: tuple[int, ...] | None = None) -> SparseTensor:
+    """``SparseTensor(indices=..., values=..., dense_shape=...)`` for a shape already held as a
+    tuple of ints (a tensor's own, or ``check_shape``'s), built without ``__init__`` when its
+    conversions would change nothing: ndarrays, int64 indices of rank 2, values not an empty
+    vector. The decoders and the ops build every tensor of a call, and those conversions were a
+    tenth of a small call's decoding."""
+    if (type(indices) is np.ndarray and type(values) is np.ndarray and indices.ndim == 2
+            and indices.dtype == np.int64 and (values.ndim != 1 or values.size > 0)):
+        t = object.__new__(SparseTensor)
+        t.layout, t.dense_shape, t.indices, t.values = "coo", dense_shape, indices, values
+        t.blocksize, t.coalesced = blocksize, bool(coalesced)
+        t.compressed_indices = t.plain_indices = None
+        return t
+    return SparseTensor(indices=indices, values=values, dense_shape=dense_shape, coalesced=coalesced,
+                        blocksize=blocksize)

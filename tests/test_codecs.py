@@ -435,36 +435,28 @@ def _attributes(t: SparseTensor) -> list:
     return [getattr(t, name) for name in SparseTensor.__slots__ if name != "__weakref__"]
 
 
-@pytest.mark.parametrize("indices, values, shape", [
-    (np.array([[2, 1], [0, 3]]), np.array([1.0, 2.0]), (4, 5)),
-    (np.zeros((0, 2), np.int64), np.zeros((0, 3)), (4, 5, 3)),  # empty, hybrid
-    (np.array([[1]]), np.ones((1, 2), np.float32), (4, 2)),
+@pytest.mark.parametrize("indices, values, shape, skips_init", [
+    (np.array([[2, 1], [0, 3]]), np.array([1.0, 2.0]), (4, 5), True),
+    (np.zeros((0, 2), np.int64), np.zeros((0, 3)), (4, 5, 3), True),  # empty, hybrid
+    (np.array([[1]]), np.ones((1, 2), np.float32), (4, 2), True),
+    (np.array([[2, 1]], np.int32), np.array([1.0]), (4, 5), False),  # int32 indices: __init__ widens them
+    (np.zeros(0, np.int64), np.array([1.0]), (4, 5), False),  # 1-D empty indices: __init__ reshapes them
+    (np.zeros((0, 2), np.int64), np.zeros(0), (4, 5), False),  # an empty values vector: __init__ reshapes it
+    ([[2, 1]], np.array([1.0]), (4, 5), False),  # not arrays
 ])
-def test_canonical_coo_builds_what_the_constructor_would(indices, values, shape):
+def test_coo_tensor_builds_what_the_constructor_would(indices, values, shape, skips_init):
     """The decoders and the ops' outputs skip ``__init__`` when it would convert nothing: the same
-    tensor, attribute for attribute."""
-    from sparseserve._tensor import canonical_coo
+    tensor, attribute for attribute, either way."""
+    from sparseserve._tensor import coo_tensor
 
-    assert canonical_coo(indices, values)
     built = SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=True)
-    fast = SparseTensor._of_canonical("coo", shape, indices=indices, values=values, coalesced=True)
+    fast = coo_tensor(indices, values, shape, coalesced=True)
     for a, b in zip(_attributes(built), _attributes(fast)):
         if isinstance(a, np.ndarray):
             assert (a.shape, a.dtype) == (b.shape, b.dtype) and np.array_equal(a, b)
         else:
             assert a == b
-
-
-@pytest.mark.parametrize("indices, values", [
-    (np.array([[2, 1]], np.int32), np.array([1.0])),  # int32 indices: __init__ widens them
-    (np.zeros(0, np.int64), np.array([1.0])),  # 1-D empty indices: __init__ reshapes them
-    (np.zeros((0, 2), np.int64), np.zeros(0)),  # an empty values vector: __init__ reshapes it
-    ([[2, 1]], np.array([1.0])),  # not arrays
-])
-def test_canonical_coo_leaves_conversions_to_the_constructor(indices, values):
-    from sparseserve._tensor import canonical_coo
-
-    assert not canonical_coo(indices, values)
+    assert (fast.indices is indices and fast.values is values) == skips_init
 
 
 @pytest.mark.parametrize("indices_shape, values_shape", [((2,), (0,)), ((0,), (0,)), ((0, 2), (0,)), ((1, 2), (1,))])

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor, canonical_coo
+from sparseserve._tensor import SparseTensor, coo_tensor
 from sparseserve.errors import InvalidArgumentError
 
 
@@ -28,12 +28,7 @@ def cast_scalar(value: Any, dtype: np.dtype, name: str) -> np.generic:
 
 
 def coo(indices: np.ndarray, values: np.ndarray, like: SparseTensor, *, coalesced: bool) -> SparseTensor:
-    """A COO output of ``like``'s shape (kernels' arrays are canonical: nothing to convert)."""
-    if canonical_coo(indices, values):
-        return SparseTensor._of_canonical("coo", like.dense_shape, indices=indices, values=values,
-                                          coalesced=coalesced)
-    return SparseTensor(indices=indices, values=values, dense_shape=like.dense_shape,
-                        coalesced=coalesced)
+    return coo_tensor(indices, values, like.dense_shape, coalesced=coalesced)
 
 
 def check_ordered(indices: np.ndarray, dense_shape, name: str, remedy: str) -> None:
