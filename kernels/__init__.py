@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from ._sort import argsort_stable, linearize
-from .coo import coalesce, first_disorder, from_dense, reorder, to_dense
+from .coo import coalesce, first_disorder, from_dense, indices_in_range, reorder, to_dense
 
 __all__ = ["linearize", "argsort_stable", "reorder", "coalesce", "first_disorder", "to_dense",
-           "from_dense", "warm_up"]
+           "from_dense", "indices_in_range", "warm_up"]
 
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")

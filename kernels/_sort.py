@@ -209,10 +209,25 @@ def linear_argsort_kernel(indices, shape):
     return radix_argsort_kernel(linearize_kernel(indices, shape))
 
 
+@njit(nogil=True, cache=True)
+def sorted_indices_kernel(indices, shape):
+    """(perm, indices[perm]): ``linear_argsort_kernel`` and ``delinearize_kernel`` in one call."""
+    perm, keys = linear_argsort_kernel(indices, shape)
+    return perm, delinearize_kernel(keys, shape)
+
+
+def read_only_indices(indices: np.ndarray) -> np.ndarray:
+    """C-contiguous read-only int64 indices, the one signature the kernels are warmed up with:
+    decoded indices as they are, others as a (contiguous) read-only view."""
+    if indices.dtype == np.int64 and indices.flags.c_contiguous and not indices.flags.writeable:
+        return indices
+    return frozen(np.ascontiguousarray(indices, dtype=np.int64))
+
+
 def sequential_order(indices: np.ndarray, sparse_shape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(perm, keys[perm]): the stable row-major order of validated COO indices by a sequential
     radix sort of (key, position) pairs, for small inputs and keys too wide to pack."""
-    return linear_argsort_kernel(frozen(np.ascontiguousarray(indices, dtype=np.int64)), sparse_shape)
+    return linear_argsort_kernel(read_only_indices(indices), sparse_shape)
 
 
 def sorted_keys(indices: np.ndarray, sparse_shape,

@@ -15,8 +15,8 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
 from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen, gather_rows,
-                    linearize, packed_order, segment_starts_kernel, sequential_order, split_packed,
-                    unique_runs)
+                    linearize, packed_order, read_only_indices, segment_starts_kernel, sequential_order,
+                    sorted_indices_kernel, split_packed, unique_runs)
 
 
 # The segment kernels sum runs of sorted values, the runs split into chunks that the
@@ -242,8 +242,8 @@ def reorder(indices, values, dense_shape):
     sparse_shape = np.asarray(dense_shape[:indices.shape[1]], np.int64)
     packed = packed_order(indices, sparse_shape, values)
     if packed is None:  # small, or keys too wide to pack with their positions
-        perm, keys = sequential_order(indices, sparse_shape)
-        return delinearize_kernel(keys, sparse_shape), gather_rows(values, perm)
+        perm, out_indices = sorted_indices_kernel(read_only_indices(indices), sparse_shape)
+        return out_indices, gather_rows(values, perm)
     # Keys and index rows correspond one to one, so the sorted indices come from the
     # sorted words sequentially instead of by a random gather of index rows.
     words, pos_bits, moved = packed
@@ -295,6 +295,27 @@ def coalesce(indices, values, dense_shape):
             sorted_values = gather_rows(values2d, words & ((1 << pos_bits) - 1))
     summed = _segment_sum(sorted_values, starts)
     return out_indices, summed.reshape((starts.size, *values.shape[1:]))
+
+
+@njit(nogil=True, cache=True)
+def indices_in_range_kernel(indices, limits):
+    n, k = indices.shape
+    for i in range(n):
+        for j in range(k):
+            if not 0 <= indices[i, j] < limits[j]:
+                return False
+    return True
+
+
+def indices_in_range(indices: np.ndarray, limits: np.ndarray) -> bool:
+    """Whether every ``indices[i, j]`` of [nnz, k] int64 indices is in ``[0, limits[j])`` (k int64
+    limits): validation's range check (``sparseserve._validate.InRange``), one pass, no
+    temporaries. It runs before validation is done, so it checks the one thing its loops rely
+    on (a limit per column); read-only contiguous indices and writable limits, as validation
+    passes them, are the signature warmed up."""
+    if limits.shape != indices.shape[1:]:
+        raise ValueError(f"indices_in_range: {limits.shape} limits for indices of shape {indices.shape}")
+    return bool(indices_in_range_kernel(read_only_indices(indices), limits))
 
 
 def first_disorder(indices, dense_shape) -> tuple[int, bool]:
@@ -373,3 +394,4 @@ def warm_up() -> None:
                 dense = to_dense(indices, values, full, values.reshape(-1)[0], False)
                 to_dense(frozen(ci), frozen(cv), full, values.reshape(-1)[0], True)
                 from_dense(frozen(dense), 2)
+        indices_in_range(indices, np.array([side, side]))

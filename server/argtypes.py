@@ -18,6 +18,7 @@ import numpy as np
 from sparseserve._tensor import HandleRef, OutputRef, SparseTensor
 from sparseserve._validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.kernels import indices_in_range
 from sparseserve.kernels._sort import frozen
 
 from .device import is_device_array
@@ -65,7 +66,7 @@ def checked(value: Any, name: str) -> Any:
     if isinstance(value, SparseTensor):
         if value in _CHECKED:
             return value
-        check_sparse(value, name)
+        check_sparse(value, name, indices_in_range)
         value = _frozen(value)
         _CHECKED.add(value)
         return value
@@ -92,7 +93,7 @@ def _layout_of(value: Any) -> str:
 def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any:
     if type(value) is SparseTensor and _read_only(value):  # as decoded from the wires: bound as it is
         if value not in _CHECKED:
-            check_sparse(value, name)
+            check_sparse(value, name, indices_in_range)
         return _in_layouts(value, name, layouts, op)
     if isinstance(value, OutputRef):  # pipelines substitute their references before binding
         raise InvalidArgumentError(f"{name} names the pipeline output {value.ref!r}; such references "
@@ -113,7 +114,7 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
     # Validate first: a malformed tensor is INVALID_ARGUMENT whatever its layout.
     if not (device_array or (isinstance(value, SparseTensor) and value in _CHECKED)):
         if isinstance(value, SparseTensor):
-            check_sparse(value, name)
+            check_sparse(value, name, indices_in_range)
         else:
             check_dense(value, name)
         if not (isinstance(value, SparseTensor) and _read_only(value)):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sparseserve import SparseTensor
 from sparseserve._validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError
+from sparseserve.kernels import indices_in_range
 from sparseserve.kernels._sort import frozen
 
 
@@ -19,13 +20,27 @@ def coo(indices, values, shape, **kw):
                         values=values, dense_shape=shape, **kw)
 
 
+# The SDK checks index ranges with numpy; the server passes its compiled check. Both must
+# accept and refuse alike, with the same message.
+RANGE_CHECKS = (None, indices_in_range)
+
+
+def accepts(t):
+    for in_range in RANGE_CHECKS:
+        check_sparse(t, "sp_input", in_range)
+
+
 def refuses(t, reason, message=None):
-    with pytest.raises(InvalidArgumentError) as info:
-        check_sparse(t, "sp_input")
-    assert info.value.reason == reason, info.value.message
+    errors = []
+    for in_range in RANGE_CHECKS:
+        with pytest.raises(InvalidArgumentError) as info:
+            check_sparse(t, "sp_input", in_range)
+        errors.append(info.value)
+    assert errors[0].reason == reason, errors[0].message
     if message:
-        assert message in info.value.message, info.value.message
-    return info.value
+        assert message in errors[0].message, errors[0].message
+    assert (errors[1].reason, errors[1].message) == (errors[0].reason, errors[0].message)
+    return errors[0]
 
 
 def test_spec_example_message():
@@ -52,7 +67,7 @@ def test_spec_example_message():
 ])
 def test_coo_rules(t, reason, message):
     if reason is None:  # int32 indices are widened to int64 at construction
-        check_sparse(t, "sp_input")
+        accepts(t)
         return
     refuses(t, reason, message)
 
@@ -109,14 +124,11 @@ def test_random_coo_accepted_iff_every_index_in_range(data):
     t = SparseTensor(indices=indices, values=np.ones(nnz), dense_shape=shape)
     in_range = bool(np.all((indices >= 0) & (indices < np.array(shape)))) if nnz else True
     if in_range:
-        check_sparse(t, "t")
+        accepts(t)
     else:
-        refuses_t = pytest.raises(InvalidArgumentError)
-        with refuses_t as info:
-            check_sparse(t, "t")
-        assert info.value.reason == "INDEX_OUT_OF_RANGE"
+        error = refuses(t, "INDEX_OUT_OF_RANGE")
         # The message points at a real offender.
-        pos = [int(x) for x in info.value.message.split("[", 1)[1].split("]", 1)[0].split(", ")]
+        pos = [int(x) for x in error.message.split("[", 1)[1].split("]", 1)[0].split(", ")]
         assert not 0 <= indices[pos[0], pos[1]] < shape[pos[1]]
 
 
@@ -127,6 +139,24 @@ def test_range_check_names_the_first_offender_at_any_size(nnz, bad):
     indices[nnz // 2, 1] = indices[nnz - 1, 0] = bad
     refuses(coo(indices, np.ones(nnz), [4, 4]), "INDEX_OUT_OF_RANGE",
             f"sp_input.indices[{nnz // 2}, 1] = {bad} is out of range for sp_input.dense_shape[1] = 4")
+
+
+@pytest.mark.parametrize("layout", ["writable", "strided", "fortran"])
+def test_compiled_range_check_takes_any_int64_indices(layout):
+    base = np.array([[0, 1], [2, 3], [1, 0], [3, 3]], np.int64)
+    indices = {"writable": base, "strided": np.repeat(base, 2, axis=0)[::2], "fortran": np.asfortranarray(base)}[layout]
+    limits = np.array([4, 4])
+    assert indices_in_range(indices, limits)
+    assert not indices_in_range(indices, np.array([4, 3]))
+    assert not indices_in_range(-indices, limits)
+
+
+def test_compiled_range_check_refuses_limits_that_do_not_match_the_columns():
+    # Its loop reads limits[j] for every column j: fewer limits would read past them.
+    with pytest.raises(ValueError, match="limits"):
+        indices_in_range(np.zeros((3, 2), np.int64), np.array([4]))
+    with pytest.raises(ValueError, match="limits"):
+        indices_in_range(np.zeros(3, np.int64), np.array([4]))
 
 
 def test_tensors_checked_into_the_store_are_not_checked_again():
