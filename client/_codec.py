@@ -68,8 +68,16 @@ def _array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], in
 
 
 def array_from_pb(msg: pb.Array, name: str) -> np.ndarray:
-    dtype, shape, nbytes = _array_spec(msg, name)
+    # The common case first, in as few steps as can check it: a small call runs this with
+    # cold caches, where each step costs several times what it does in a loop.
+    dtype = _WIRE_DTYPES.get(msg.dtype)
+    shape = msg.shape[:]  # a list of ints, quicker than iterating the repeated field
     data = msg.data  # each read of a bytes field is a new copy of it
+    if (dtype is not None and dtype.isnative and shape and min(shape) > 0
+            and len(data) == math.prod(shape) * dtype.itemsize):  # no empty, huge or negative shape
+        array = np.frombuffer(data, dtype)
+        return array if len(shape) == 1 else array.reshape(shape)
+    dtype, shape, nbytes = _array_spec(msg, name)
     if len(data) != nbytes:
         raise InvalidArgumentError(
             f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
@@ -116,8 +124,9 @@ def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name
     if layout is None:
         raise InvalidArgumentError(f"{name}.layout = {sp.layout} is not a known layout",
                                    reason="BAD_LAYOUT")
-    shape = check_shape(sp.dense_shape, f"{name}.dense_shape")
-    blocksize = tuple(sp.blocksize) if len(sp.blocksize) else None
+    shape = check_shape(sp.dense_shape[:], f"{name}.dense_shape")  # [:]: a list, quicker to walk
+    blocksize = sp.blocksize[:]
+    blocksize = tuple(blocksize) if blocksize else None
     if layout == "coo":
         return coo_tensor(arrays["indices"], arrays["values"], shape, coalesced=sp.coalesced, blocksize=blocksize)
     return SparseTensor(layout=layout, compressed_indices=arrays["compressed_indices"],
@@ -156,7 +165,7 @@ _PADDING_TAG = _ARRAY_PADDING << 3 | 2
 
 def _len_prefix(number: int, length: int) -> bytes:
     """The tag and length of a length-delimited field (then its ``length`` bytes)."""
-    return _LEN_TAGS[number] + (_ONE_BYTE[length] if length < 0x80 else _varint(length))
+    return _LEN_TAGS[number] + _varint(length)
 
 
 def _array_parts(a: np.ndarray) -> tuple[bytes, memoryview | None]:
@@ -344,19 +353,25 @@ def _varint(n: int) -> bytes:
 
 # The tags of length-delimited fields 1-15, one byte each: sparseserve.proto numbers none higher.
 _LEN_TAGS = tuple(_varint(number << 3 | 2) for number in range(16))
+# An Array's shape and data, a Tensor's sparse: the tags array_bytes and tensor_bytes write.
+_SHAPE_TAG, _ARRAY_DATA_TAG, _SPARSE_TAG = _LEN_TAGS[2], _LEN_TAGS[_ARRAY_DATA], _LEN_TAGS[_TENSOR_SPARSE]
 
 
 def _varint_field(number: int, value: int) -> bytes:
     return _varint(number << 3) + _varint(value & _UINT64) if value else b""
 
 
+def _packed(values) -> bytes:
+    """The payload of a packed repeated varint field (non-empty ``values``)."""
+    if 0 <= min(values) and max(values) < 0x80:  # one byte each (shapes, mostly)
+        return bytes(values)
+    return b"".join([_varint(v & _UINT64) for v in map(int, values)])
+
+
 def _packed_field(number: int, values) -> bytes:
     if not len(values):
         return b""
-    if 0 <= min(values) and max(values) < 0x80:  # one byte each (shapes, mostly)
-        packed = bytes(values)
-    else:
-        packed = b"".join([_varint(v & _UINT64) for v in map(int, values)])
+    packed = _packed(values)
     return _len_prefix(number, len(packed)) + packed
 
 
@@ -371,13 +386,22 @@ _DTYPE_FIELDS = {dtype: _varint_field(1, code) for code, dtype in _WIRE_DTYPES.i
 
 def array_bytes(a: np.ndarray) -> bytes:
     """The serialized ``Array`` message of ``a``."""
-    a = np.asarray(a)
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)
     dtype_field = _DTYPE_FIELDS.get(a.dtype)
     if dtype_field is None:  # big-endian, or not a wire dtype (refused here)
         a = _wire_array(a)
         dtype_field = _DTYPE_FIELDS[a.dtype]
+    # The fields written here rather than by the helpers: a small call's messages are mostly
+    # such headers, and each call of a helper counts (the section's comment above).
+    parts = [dtype_field]
+    if a.shape:
+        packed = _packed(a.shape)
+        parts += (_SHAPE_TAG, _varint(len(packed)), packed)
     data = a.tobytes()  # C order whatever the strides
-    return b"".join((dtype_field, _packed_field(2, a.shape), _bytes_field(3, data) if data else b""))
+    if data:
+        parts += (_ARRAY_DATA_TAG, _varint(len(data)), data)
+    return b"".join(parts)
 
 
 def tensor_bytes(t: Any) -> bytes:
@@ -387,10 +411,16 @@ def tensor_bytes(t: Any) -> bytes:
     if not isinstance(t, SparseTensor):
         return _bytes_field(_TENSOR_DENSE, array_bytes(np.asarray(t)))
     layout_field, array_fields = _LAYOUT_FIELDS[t.layout]
-    body = b"".join((layout_field, _packed_field(2, t.dense_shape),
-                     *[_bytes_field(number, array_bytes(getattr(t, name))) for number, name in array_fields],
-                     _packed_field(7, t.blocksize or ()), _COALESCED if t.coalesced else b""))
-    return _bytes_field(_TENSOR_SPARSE, body)
+    parts = [layout_field, _packed_field(2, t.dense_shape)]
+    for number, name in array_fields:
+        array = array_bytes(getattr(t, name))
+        parts += (_LEN_TAGS[number], _varint(len(array)), array)
+    if t.blocksize:
+        parts.append(_packed_field(7, t.blocksize))
+    if t.coalesced:
+        parts.append(_COALESCED)
+    body = b"".join(parts)
+    return b"".join((_SPARSE_TAG, _varint(len(body)), body))
 
 
 # Per layout: its serialized layout field, and its arrays' (field number, attribute) in number order.
@@ -438,10 +468,10 @@ def value_to_pb(v: Any) -> pb.Value:
 def value_from_pb(msg: pb.Value, name: str) -> Any:
     """``Value`` -> Python: scalars, lists, or decoded tensors (``tensor_from_pb``)."""
     kind = msg.WhichOneof("kind")
-    if kind is None or kind == "null_value":
-        return None
     if kind == "tensor":
         return tensor_from_pb(msg.tensor, name)
+    if kind is None or kind == "null_value":
+        return None
     if kind == "ref":
         return OutputRef(msg.ref)
     if kind == "list_value":
