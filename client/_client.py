@@ -15,13 +15,14 @@ from typing import Any
 
 import grpc
 import httpx
+import numpy as np
 
 from . import _wire
 from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
 from ._convert import as_tensor, is_tensor_like
 from ._frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
 from ._pipeline import Pipeline
-from ._tensor import HandleRef
+from ._tensor import HandleRef, SparseTensor
 from .v1 import sparseserve_pb2 as pb
 from .v1 import sparseserve_pb2_grpc as pb_grpc
 
@@ -96,6 +97,8 @@ def _read_ca(ca_file: str) -> bytes:
 
 def _prepare(value: Any) -> Any:
     """SDK inputs -> what the codecs send: tensor-likes become tensors, recursively in lists."""
+    if isinstance(value, (SparseTensor, HandleRef, np.ndarray)):  # the common case, sent as it is
+        return value
     if is_tensor_like(value):
         return as_tensor(value)
     if isinstance(value, (list, tuple)) and any(is_tensor_like(v) for v in value):

@@ -217,8 +217,9 @@ class Service:
     async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
         name_op(op_name, self.registry.ops)
         op = self.registry.get(op_name)
-        resolved = {name: await self._resolve(value, tenant) if isinstance(value, (HandleRef, list)) else value
-                    for name, value in args.items()}
+        resolved = {}  # a loop, not a comprehension: one with an await is a coroutine of its own to run
+        for name, value in args.items():
+            resolved[name] = await self._resolve(value, tenant) if isinstance(value, (HandleRef, list)) else value
         check_argument_limits(op, resolved, self.config)
         if self._partitioned(resolved.values()):
             answer = await self.run(self.cluster.execute, op, resolved, keep, tenant)
