@@ -108,7 +108,10 @@ def test_past_the_queue_calls_are_refused_at_once(busy, wire):
     assert codes == ["OK"] * 3 + ["UNAVAILABLE/OVERLOADED"] * 3, outcomes
     refused = [seconds for code, seconds in outcomes if code != "OK"]
     served = sorted(seconds for code, seconds in outcomes if code == "OK")
-    assert max(refused) < served[0] / 4, outcomes  # refused at once, not after a wait
+    # Refused at once, not after a wait: a call that had waited for a slot would have taken at
+    # least as long as the first served call (no slot frees before it ends). Half of that leaves
+    # room for a loaded machine: on a slow CI runner refusals took up to 0.3 s of a 0.9 s kernel.
+    assert max(refused) < served[0] / 2, outcomes
     # One at a time: each served call waited for one more kernel than the one before it.
     assert min(served[1] - served[0], served[2] - served[1]) > busy.kernel_seconds / 2, outcomes
     assert (during["sparseserve_in_flight_requests"], during["sparseserve_queue_depth"]) == (1, 2)
