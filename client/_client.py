@@ -17,7 +17,7 @@ import grpc
 import httpx
 import numpy as np
 
-from . import _wire
+from . import _malloc, _wire
 from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
 from ._convert import as_tensor, is_tensor_like
 from ._frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
@@ -136,6 +136,7 @@ class _Base:
         self.device: str | None = None
         self._metadata = _wire.call_metadata(token)
         self._headers = _wire.http_headers(token, encoding, timeout)
+        _malloc.keep_transfer_buffers()  # once per process: see _malloc
         self._grpc_options = [("grpc.max_receive_message_length", max_message_bytes),
                               ("grpc.max_send_message_length", max_message_bytes),
                               *GRPC_WINDOW_OPTIONS]
