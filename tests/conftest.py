@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_sessionstart(session):
     """Compile every kernel into numba's disk cache before the first test, so that no test's
-    time limit (pytest-timeout's 300 s) has to cover a fresh clone's cold compile (~3 min, more
+    time limit (pytest-timeout's 300 s) has to cover a fresh clone's cold compile (3-5 min, more
     on a loaded machine); servers and in-process tests then load the kernels from the cache
     in seconds. Where the cache is warm this takes those seconds."""
     start = time.monotonic()
