@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 
 from ._dtypes import DTYPE_NAMES, check_supported
 from ._tensor import HandleRef, OutputRef, SparseTensor, coo_tensor
-from ._validate import check_shape
+from ._validate import ARRAY_MAX_RANK, check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
 
@@ -73,7 +73,7 @@ def array_from_pb(msg: pb.Array, name: str) -> np.ndarray:
     dtype = _WIRE_DTYPES.get(msg.dtype)
     shape = msg.shape[:]  # a list of ints, quicker than iterating the repeated field
     data = msg.data  # each read of a bytes field is a new copy of it
-    if (dtype is not None and dtype.isnative and shape and min(shape) > 0
+    if (dtype is not None and dtype.isnative and 0 < len(shape) <= ARRAY_MAX_RANK and min(shape) > 0
             and len(data) == math.prod(shape) * dtype.itemsize):  # no empty, huge or negative shape
         array = np.frombuffer(data, dtype)
         return array if len(shape) == 1 else array.reshape(shape)

@@ -32,9 +32,16 @@ def _fail(message: str, reason: str) -> InvalidArgumentError:
 EMPTY_SHAPE_MAX = INT64_MAX // 16
 
 
+# numpy's limit on an array's dimensions (NPY_MAXDIMS): past it no array can be made.
+ARRAY_MAX_RANK = 64
+
+
 def check_shape(shape, name: str) -> tuple[int, ...]:
-    """No negative dimension, and the element count fits in int64."""
+    """At most ``ARRAY_MAX_RANK`` dimensions, none negative, and the element count fits in int64."""
     shape = tuple(map(int, shape))
+    if len(shape) > ARRAY_MAX_RANK:
+        raise _fail(f"{name} has {len(shape)} dimensions, more than the {ARRAY_MAX_RANK} an array can have",
+                    "TOO_MANY_DIMENSIONS")
     if shape and min(shape) < 0:
         axis = next(i for i, dim in enumerate(shape) if dim < 0)
         raise _fail(f"{name}[{axis}] = {shape[axis]} is negative", "NEGATIVE_DIMENSION")

@@ -188,6 +188,19 @@ def test_protobuf_array_header_checked(msg, reason):
     assert info.value.reason == reason
 
 
+def test_more_dimensions_than_an_array_can_have_refused_by_every_decoder():
+    # 65 dimensions of 1 (a fuzzer's find): the sizes agree, but numpy cannot make the array.
+    too_many = pb.Array(dtype=pb.INT8, shape=[1] * 65, data=b"\0")
+    body = pb.Tensor(dense=too_many).SerializeToString()
+    chunks = [pb.TensorChunk(header=pb.Tensor(dense=pb.Array(dtype=pb.INT8, shape=[1] * 65))), b"\x12\x01\0"]
+    for decode in (lambda: array_from_pb(too_many, "x"), lambda: tensor_from_bytes(body, "x"),
+                   lambda: assemble(chunks, "x")):
+        with pytest.raises(InvalidArgumentError, match="has 65 dimensions, more than the 64 an array can have") as info:
+            decode()
+        assert info.value.reason == "TOO_MANY_DIMENSIONS"
+    assert array_from_pb(pb.Array(dtype=pb.INT8, shape=[1] * 64, data=b"\0"), "x").ndim == 64
+
+
 def test_empty_tensor_message_refused():
     with pytest.raises(InvalidArgumentError, match="arg is an empty Tensor message"):
         tensor_from_pb(pb.Tensor(), "arg")
