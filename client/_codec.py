@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 
 from ._dtypes import DTYPE_NAMES, check_supported
 from ._tensor import HandleRef, OutputRef, SparseTensor, coo_tensor
-from ._validate import ARRAY_MAX_RANK, check_shape
+from ._validate import ARRAY_MAX_RANK, check_array_shape, check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
 
@@ -62,7 +62,7 @@ def _array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], in
     if dtype is None:
         raise InvalidArgumentError(f"{name}.dtype = {msg.dtype} is not a supported dtype",
                                    reason="BAD_DTYPE")
-    shape = check_shape(msg.shape, f"{name}.shape")
+    shape = check_array_shape(msg.shape, f"{name}.shape")
     nbytes = math.prod(shape) * dtype.itemsize  # Python ints: exact, and quick for a short shape
     return dtype, shape, nbytes
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ._dtypes import check_supported, dtype_from_name
 from ._tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor
+from ._validate import check_array_shape
 from .errors import InvalidArgumentError
 
 __all__ = ["tensor_to_json", "tensor_from_json", "array_to_json", "array_from_json",
@@ -172,7 +173,7 @@ def tensor_from_json(obj: Any, name: str) -> SparseTensor | np.ndarray | HandleR
         if any(k in obj for k in _SPARSE_KEYS):
             return _sparse_from_json(obj, name)
         if "data" in obj and "shape" in obj:
-            shape = _int_list(obj, "shape", name)
+            shape = check_array_shape(_int_list(obj, "shape", name), f"{name}.shape")
             arr = array_from_json(obj["data"], _dtype_of(obj, name), f"{name}.data")
             if arr.ndim != 1 or arr.size != int(np.prod(shape, dtype=object)):
                 raise _bad(f"{name}.data has {arr.size} elements but shape {shape} implies "

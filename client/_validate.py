@@ -32,16 +32,9 @@ def _fail(message: str, reason: str) -> InvalidArgumentError:
 EMPTY_SHAPE_MAX = INT64_MAX // 16
 
 
-# numpy's limit on an array's dimensions (NPY_MAXDIMS): past it no array can be made.
-ARRAY_MAX_RANK = 64
-
-
 def check_shape(shape, name: str) -> tuple[int, ...]:
-    """At most ``ARRAY_MAX_RANK`` dimensions, none negative, and the element count fits in int64."""
+    """No negative dimension, and the element count fits in int64."""
     shape = tuple(map(int, shape))
-    if len(shape) > ARRAY_MAX_RANK:
-        raise _fail(f"{name} has {len(shape)} dimensions, more than the {ARRAY_MAX_RANK} an array can have",
-                    "TOO_MANY_DIMENSIONS")
     if shape and min(shape) < 0:
         axis = next(i for i, dim in enumerate(shape) if dim < 0)
         raise _fail(f"{name}[{axis}] = {shape[axis]} is negative", "NEGATIVE_DIMENSION")
@@ -55,6 +48,20 @@ def check_shape(shape, name: str) -> tuple[int, ...]:
         raise _fail(f"{name} = {list(shape)} is empty, but its other dimensions multiply to more than "
                     f"{EMPTY_SHAPE_MAX} (2**59), past what an array can describe", "SHAPE_OVERFLOW")
     return shape
+
+
+# numpy's limit on an array's dimensions (NPY_MAXDIMS). A sparse tensor's dense_shape may
+# have more (its indices stay 2-D); an array decoded from a wire may not.
+ARRAY_MAX_RANK = 64
+
+
+def check_array_shape(shape, name: str) -> tuple[int, ...]:
+    """``check_shape`` for the shape an array is to be made with: also no more dimensions
+    than numpy allows."""
+    if len(shape) > ARRAY_MAX_RANK:
+        raise _fail(f"{name} has {len(shape)} dimensions, more than the {ARRAY_MAX_RANK} an array can have",
+                    "TOO_MANY_DIMENSIONS")
+    return check_shape(shape, name)
 
 
 def check_dense(array: np.ndarray, name: str) -> np.ndarray:

@@ -194,7 +194,8 @@ def test_more_dimensions_than_an_array_can_have_refused_by_every_decoder():
     body = pb.Tensor(dense=too_many).SerializeToString()
     chunks = [pb.TensorChunk(header=pb.Tensor(dense=pb.Array(dtype=pb.INT8, shape=[1] * 65))), b"\x12\x01\0"]
     for decode in (lambda: array_from_pb(too_many, "x"), lambda: tensor_from_bytes(body, "x"),
-                   lambda: assemble(chunks, "x")):
+                   lambda: assemble(chunks, "x"),
+                   lambda: tensor_from_json({"dtype": "int8", "shape": [1] * 65, "data": [0]}, "x")):
         with pytest.raises(InvalidArgumentError, match="has 65 dimensions, more than the 64 an array can have") as info:
             decode()
         assert info.value.reason == "TOO_MANY_DIMENSIONS"
