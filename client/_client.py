@@ -106,6 +106,12 @@ def _prepare(value: Any) -> Any:
     return value
 
 
+def _check_put_options(shared_memory: bool, partitions: int) -> None:
+    if shared_memory and partitions:
+        raise ValueError("put: partitions goes over the network to the Dask workers; "
+                         "leave shared_memory off")
+
+
 def _handle_of(h: HandleRef | str) -> str:
     return h.handle if isinstance(h, HandleRef) else str(h)
 
@@ -319,9 +325,7 @@ class Client(_Base):
         ``partitions``: cut it into that many row blocks held by the Dask workers of a server
         started with --dask-scheduler; the handle is used like any other."""
         tensor = as_tensor(tensor)
-        if shared_memory and partitions:
-            raise ValueError("put: partitions goes over the network to the Dask workers; "
-                             "leave shared_memory off")
+        _check_put_options(shared_memory, partitions)
         if shared_memory:
             from . import _shm
 
@@ -477,8 +481,13 @@ class AsyncClient(_Base):
 
         return self._method(op, method)
 
-    async def put(self, tensor: Any, *, partitions: int = 0) -> RemoteTensor:
+    async def put(self, tensor: Any, *, shared_memory: bool = False, partitions: int = 0) -> RemoteTensor:
         tensor = as_tensor(tensor)
+        _check_put_options(shared_memory, partitions)
+        if shared_memory:
+            from . import _shm
+
+            return await _shm.put_async(self, tensor)
         if self.wire == "grpc":
             rid, metadata = self._call_ids(None)
             try:
@@ -491,7 +500,11 @@ class AsyncClient(_Base):
                                       **_wire.rest_put(tensor, self.encoding, partitions=partitions))).json()
         return RemoteTensor(body["handle"], nbytes=body["nbytes"], client=self)
 
-    async def get(self, handle: HandleRef | str) -> Any:
+    async def get(self, handle: HandleRef | str, *, shared_memory: bool = False) -> Any:
+        if shared_memory:
+            from . import _shm
+
+            return await _shm.get_async(self, _handle_of(handle))
         if self.wire == "grpc":
             rid, metadata = self._call_ids(None)
             try:

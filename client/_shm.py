@@ -12,6 +12,7 @@ the header alone, so the SDK and the server (``server/shm.py``) cannot disagree 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import secrets
@@ -31,7 +32,8 @@ from .v1 import sparseserve_pb2 as pb
 
 __all__ = ["ALIGN", "SEGMENT_NAME", "Slot", "header_slots", "segment_bytes", "new_segment_name",
            "create_segment", "close_segment", "unlink_segment", "open_segment", "write_tensor",
-           "read_slot", "read_tensor", "tensor_arrays", "tensor_from_slots", "put", "get"]
+           "read_slot", "read_tensor", "tensor_arrays", "tensor_from_slots", "put", "get", "put_async",
+           "get_async"]
 
 # Cache-line alignment: every dtype's alignment divides it, and copies run on whole lines.
 ALIGN = 64
@@ -242,28 +244,27 @@ def _require_grpc(client: Any) -> None:
             reason="SHARED_MEMORY_NEEDS_GRPC")
 
 
-def put(client: Any, tensor: SparseTensor | np.ndarray):
-    """``Client.put(tensor, shared_memory=True)``: write a segment, have the server take it."""
-    from ._client import RemoteTensor
-
-    _require_grpc(client)
+def _written_segment(tensor: SparseTensor | np.ndarray) -> tuple[shared_memory.SharedMemory, pb.SharedTensor]:
+    """A new segment holding ``tensor``, and the PutShared request that names it."""
     header = tensor_to_pb(tensor, with_data=False)
     slots = header_slots(header)
     shm = create_segment(segment_bytes(slots))
     try:
         write_tensor(shm, slots, tensor_arrays(tensor))
-        reply = client._grpc(client._stub.PutShared, pb.SharedTensor(segment=shm.name, header=header))
-    finally:
-        # The server unlinks it once copied; this covers a call that failed first.
-        close_segment(shm)
-        unlink_segment(shm.name)
-    return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=client)
+    except BaseException:
+        _drop_segment(shm)
+        raise
+    return shm, pb.SharedTensor(segment=shm.name, header=header)
 
 
-def get(client: Any, handle: str) -> SparseTensor | np.ndarray:
-    """``Client.get(handle, shared_memory=True)``: the server writes a segment, this copies it out."""
-    _require_grpc(client)
-    reply = client._grpc(client._stub.GetShared, pb.Handle(handle=handle))
+def _drop_segment(shm: shared_memory.SharedMemory) -> None:
+    # The server unlinks a segment once copied; this covers a call that failed first.
+    close_segment(shm)
+    unlink_segment(shm.name)
+
+
+def _claim(reply: pb.SharedTensor) -> SparseTensor | np.ndarray:
+    """The tensor of a GetShared reply, copied out of its segment, which is then unlinked."""
     if not SEGMENT_NAME.match(reply.segment):
         raise InvalidArgumentError(f"the server named segment {reply.segment!r}, not one of "
                                    "sparseserve's", reason="BAD_SEGMENT_NAME")
@@ -276,3 +277,55 @@ def get(client: Any, handle: str) -> SparseTensor | np.ndarray:
             os.close(fd)
     finally:
         unlink_segment(reply.segment)
+
+
+def put(client: Any, tensor: SparseTensor | np.ndarray):
+    """``Client.put(tensor, shared_memory=True)``: write a segment, have the server take it."""
+    from ._client import RemoteTensor
+
+    _require_grpc(client)
+    shm, request = _written_segment(tensor)
+    try:
+        reply = client._grpc(client._stub.PutShared, request)
+    finally:
+        _drop_segment(shm)
+    return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=client)
+
+
+def get(client: Any, handle: str) -> SparseTensor | np.ndarray:
+    """``Client.get(handle, shared_memory=True)``: the server writes a segment, this copies it out."""
+    _require_grpc(client)
+    return _claim(client._grpc(client._stub.GetShared, pb.Handle(handle=handle)))
+
+
+# The AsyncClient's halves: the copies (a gigabyte takes a good fraction of a second) run in a
+# worker thread, so the event loop keeps serving the program's other calls meanwhile.
+async def put_async(client: Any, tensor: SparseTensor | np.ndarray):
+    """``await AsyncClient.put(tensor, shared_memory=True)``."""
+    from ._client import RemoteTensor
+
+    _require_grpc(client)
+    # Shielded: a caller cancelled mid-copy must not orphan the segment the thread goes on writing.
+    writing = asyncio.ensure_future(asyncio.to_thread(_written_segment, tensor))
+    try:
+        shm, request = await asyncio.shield(writing)
+    except asyncio.CancelledError:
+        writing.add_done_callback(_drop_written)
+        raise
+    try:
+        reply = await client._grpc(client._stub.PutShared, request)
+    finally:
+        _drop_segment(shm)
+    return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=client)
+
+
+def _drop_written(writing: asyncio.Future) -> None:
+    if not writing.cancelled() and writing.exception() is None:
+        _drop_segment(writing.result()[0])
+
+
+async def get_async(client: Any, handle: str) -> SparseTensor | np.ndarray:
+    """``await AsyncClient.get(handle, shared_memory=True)``."""
+    _require_grpc(client)
+    reply = await client._grpc(client._stub.GetShared, pb.Handle(handle=handle))
+    return await asyncio.to_thread(_claim, reply)

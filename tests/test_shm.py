@@ -7,6 +7,7 @@ server's ``SharedSegments`` in-process."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparseserve import (Client, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
+from sparseserve import (AsyncClient, Client, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
                          SparseTensor, UnavailableError, UnimplementedError)
 from sparseserve import _shm
 from sparseserve._codec import tensor_to_pb
@@ -173,6 +174,58 @@ def test_tensor_over_64_mib(grpc_client, no_leaks):
     assert remote.nbytes == tensor.nbytes > 64 << 20
     assert_same(tensor, grpc_client.get(remote, shared_memory=True))
     grpc_client.delete(remote)
+
+
+# ------------------------------------------------------------------ AsyncClient
+@pytest.mark.parametrize("name", ["coo", "hybrid", "bsr", "dense", "empty-csr"])
+def test_async_client_round_trip(server, no_leaks, name):
+    tensor = EXAMPLES[name]
+
+    async def main():
+        async with AsyncClient(server.grpc_target) as c:
+            remote = await c.put(tensor, shared_memory=True)
+            shared, streamed = await c.get(remote, shared_memory=True), await c.get(remote)
+            await c.delete(remote)
+            return remote.nbytes, shared, streamed
+
+    nbytes, shared, streamed = asyncio.run(main())
+    assert nbytes == tensor.nbytes
+    assert_same(tensor, shared)
+    assert_same(tensor, streamed)  # the server kept exactly that tensor
+
+
+def test_async_put_cancelled_mid_copy_leaves_no_segment(server, no_leaks):
+    """The copy into the segment runs in a thread that a cancelled caller cannot stop: the
+    segment it finishes writing must still be unlinked."""
+    big = np.arange((64 << 20) // 8, dtype=np.float64)  # tens of milliseconds to copy
+
+    async def main():
+        async with AsyncClient(server.grpc_target) as c:
+            put = asyncio.ensure_future(c.put(big, shared_memory=True))
+            await asyncio.sleep(0)  # the copy has started in its thread
+            put.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await put
+            deadline = time.monotonic() + 30
+            while segments() - before and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            back = await c.get(await c.put(big[:10], shared_memory=True), shared_memory=True)
+            np.testing.assert_array_equal(back, big[:10])  # and the client goes on working
+
+    before = segments()
+    asyncio.run(main())
+
+
+def test_async_rest_client_is_refused(server, no_leaks):
+    async def main():
+        async with AsyncClient(server.http_url) as c:
+            with pytest.raises(UnimplementedError) as info:
+                await c.put(EXAMPLES["coo"], shared_memory=True)
+            assert info.value.reason == "SHARED_MEMORY_NEEDS_GRPC"
+            with pytest.raises(UnimplementedError):
+                await c.get("h-" + "0" * 32, shared_memory=True)
+
+    asyncio.run(main())
 
 
 # ------------------------------------------------------------------ errors
