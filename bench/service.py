@@ -2,7 +2,7 @@
 
 A real server process on loopback, driven by the SDK; a raw TCP socket moving the
 same bytes to another process is the yardstick for transfers.
-``python -m bench.service --mb 256`` for a quicker run.
+``python -m bench.service --mb 256 --no-cold`` for a quicker run.
 """
 
 from __future__ import annotations
@@ -28,14 +28,20 @@ from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT
 from ._server import BenchServer
 
 # The receiving side of the raw-socket yardstick: a separate process, as the server is.
+# It receives 4 MiB at a time into one reused buffer, or ("fresh") each byte into its place in
+# a new buffer of the whole size, as a get's receiver must: that one pays the first touch of
+# every page, which on this VM costs from a fraction of a second to seconds per GB.
 _SINK = """
 import socket, sys
+import numpy as np
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
 print(s.getsockname()[1], flush=True)
 c, _ = s.accept()
-total = int(sys.argv[1]); buf = bytearray(1 << 22); view = memoryview(buf); got = 0
+total, fresh = int(sys.argv[1]), sys.argv[2] == "fresh"
+step = 1 << 22
+view = memoryview(np.empty(total if fresh else step, np.uint8)); got = 0
 while got < total:
-    got += c.recv_into(view, min(len(buf), total - got))
+    got += c.recv_into(view[got:got + step] if fresh else view, min(step, total - got))
 c.sendall(b"k")
 """
 
@@ -81,16 +87,20 @@ class EchoServer:
         self.proc.wait(30)
 
 
-def raw_tcp_gbs(payload: memoryview) -> float:
-    sink = subprocess.Popen([sys.executable, "-c", _SINK, str(len(payload))], stdout=subprocess.PIPE, text=True)
-    port = int(sink.stdout.readline())
-    with socket.create_connection(("127.0.0.1", port)) as conn:
-        start = time.perf_counter()
-        conn.sendall(payload)
-        conn.recv(1)
-        seconds = time.perf_counter() - start
-    sink.wait(30)
-    return len(payload) / seconds / 1e9
+def raw_tcp_gbs(payload: memoryview, fresh: bool = False, repeat: int = 3) -> float:
+    """Best GB/s of ``repeat`` sends to a new sink process (best of, as the transfers are)."""
+    rates = []
+    for _ in range(repeat):
+        sink = subprocess.Popen([sys.executable, "-c", _SINK, str(len(payload)), "fresh" if fresh else "reuse"],
+                                stdout=subprocess.PIPE, text=True)
+        port = int(sink.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            start = time.perf_counter()
+            conn.sendall(payload)
+            conn.recv(1)
+            rates.append(len(payload) / (time.perf_counter() - start) / 1e9)
+        sink.wait(30)
+    return max(rates)
 
 
 def coo_of_bytes(nbytes: int) -> SparseTensor:
@@ -103,21 +113,26 @@ def coo_of_bytes(nbytes: int) -> SparseTensor:
                         dense_shape=[nnz // 1000 + 1, 1_000_000])
 
 
-def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 2) -> tuple[float, float]:
-    """Best put and get GB/s after one warm-up round trip. The warm-up matters here: a fresh
-    process's first big buffers cost the kernel page faults and huge-page compaction, and
-    ran at a third of the speed of every later transfer."""
+def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 3) -> tuple[float, float]:
+    """Best put and get GB/s of ``repeat`` each, after one warm-up of each, puts back to back and
+    gets back to back. The order matters on this VM: memory freed for more than ~2 s goes back
+    to the host (virtio-balloon free page reporting), and touching a gigabyte of it again costs
+    1.3-3.8 s of host faults, against 0.1 s for memory freed just before. The raw-socket
+    yardstick's sinks also run back to back, so both see recently freed memory."""
     ups, downs = [], []
     for _ in range(repeat + 1):
         start = time.perf_counter()
         handle = client.put(tensor)
         ups.append(time.perf_counter() - start)
+        if len(ups) <= repeat:
+            client.delete(handle)
+    for _ in range(repeat + 1):
         start = time.perf_counter()
         back = client.get(handle)
         downs.append(time.perf_counter() - start)
-        client.delete(handle)
         assert np.array_equal(back.values, tensor.values), "the tensor came back changed"
         del back
+    client.delete(handle)
     return tensor.nbytes / min(ups[1:]) / 1e9, tensor.nbytes / min(downs[1:]) / 1e9
 
 
@@ -163,14 +178,14 @@ def reorder_calls_per_second(target: str, tensor: SparseTensor, clients: int, ca
             c.close()
 
 
-def interleaved_rates(rounds: int, **rate_of: Callable[[], float]) -> dict[str, list[float]]:
-    """Each rate measured ``rounds`` times, taking turns: this machine's speed drifts from minute
+def interleaved(rounds: int, **measure: Callable[[], float]) -> dict[str, list[float]]:
+    """Each measure taken ``rounds`` times, taking turns: this machine's speed drifts from minute
     to minute, and taking turns lets every measure see the same drift."""
-    rates: dict[str, list[float]] = {name: [] for name in rate_of}
+    figures: dict[str, list[float]] = {name: [] for name in measure}
     for _ in range(rounds):
-        for name, rate in rate_of.items():
-            rates[name].append(rate())
-    return rates
+        for name, take in measure.items():
+            figures[name].append(take())
+    return figures
 
 
 def main() -> None:
@@ -178,38 +193,48 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=1000, help="size of the transferred COO tensor")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the calls/s measures (medians reported)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of the gRPC p50 and calls/s measures (medians reported)")
+    parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure a start with an empty numba cache (minutes: every kernel compiles)")
     args = parser.parse_args()
 
     tensor = coo_of_bytes(args.mb * 1_000_000)
     rng = np.random.default_rng(0)
     small = SparseTensor(indices=rng.integers(0, 100, (100, 2)), values=rng.standard_normal(100),
                          dense_shape=[100, 100])
-    with tempfile.TemporaryDirectory() as cache:  # an empty numba cache: the cold start
-        cold = BenchServer(env_overrides={"NUMBA_CACHE_DIR": cache})
-        cold.stop()
+    cold_s = None
+    if args.cold:
+        with tempfile.TemporaryDirectory() as cache:  # an empty numba cache: the cold start
+            cold = BenchServer(env_overrides={"NUMBA_CACHE_DIR": cache}, timeout=1800.0)
+            cold.stop()
+            cold_s = cold.startup_s
     # REST moves a tensor in one body: let the request limit and the store hold it.
     body_room = str(min(tensor.nbytes + (64 << 20), MAX_REQUEST_BYTES_LIMIT))
     with BenchServer("--max-request-bytes", body_room, "--store-bytes", str(4 * tensor.nbytes)) as server:
-        tcp = raw_tcp_gbs(memoryview(np.concatenate([tensor.indices.reshape(-1).view(np.uint8),
-                                                     tensor.values.view(np.uint8)])))
+        payload = memoryview(np.concatenate([tensor.indices.reshape(-1).view(np.uint8),
+                                             tensor.values.view(np.uint8)]))
+        tcp, tcp_fresh = raw_tcp_gbs(payload), raw_tcp_gbs(payload, fresh=True)
+        del payload
         calls_each = max(1, 4000 // args.clients)
         with Client(server.grpc_target) as c:
             grpc_up, grpc_down = transfer_gbs(c, tensor)
-            grpc_p50 = p50_ms(functools.partial(c.reorder, small), args.calls)
         with Client(server.http_url, encoding="protobuf") as c:
             rest_up, rest_down = transfer_gbs(c, tensor)
         with Client(server.http_url, encoding="json") as c:
             json_p50 = p50_ms(functools.partial(c.reorder, small), args.calls)
         warm = server.startup_s
         request = execute_request_bytes("reorder", {"sp_input": small}, False)
-        with EchoServer(len(request)) as echo:
-            echo_p50 = p50_ms(functools.partial(echo.call(), request), args.calls)
-            rates = interleaved_rates(
+        with EchoServer(len(request)) as echo, Client(server.grpc_target) as c:
+            ours_call, bare_call = functools.partial(c.reorder, small), functools.partial(echo.call(), request)
+            latencies = interleaved(args.rounds, ours=lambda: p50_ms(ours_call, args.calls),
+                                    bare=lambda: p50_ms(bare_call, args.calls))
+            rates = interleaved(
                 args.rounds,
                 ours=lambda: reorder_calls_per_second(server.grpc_target, small, args.clients, calls_each),
                 bare=lambda: calls_per_second([functools.partial(echo.call(), request)
                                                for _ in range(args.clients)], calls_each))
+    grpc_p50, echo_p50 = statistics.median(latencies["ours"]), statistics.median(latencies["bare"])
     rate, echo_rate = statistics.median(rates["ours"]), statistics.median(rates["bare"])
 
     print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, loopback; "
@@ -218,11 +243,16 @@ def main() -> None:
     print("|---|---|")
     print(f"| raw TCP socket, same bytes | {tcp:.2f} GB/s |")
     print(f"| put over gRPC | {grpc_up:.2f} GB/s ({grpc_up / tcp:.0%} of TCP) |")
-    print(f"| get over gRPC | {grpc_down:.2f} GB/s ({grpc_down / tcp:.0%} of TCP) |")
+    print(f"| raw TCP socket, same bytes into a fresh buffer | {tcp_fresh:.2f} GB/s |")
+    print(f"| get over gRPC | {grpc_down:.2f} GB/s ({grpc_down / tcp:.0%} of TCP; "
+          f"{grpc_down / tcp_fresh:.0%} of TCP into a fresh buffer) |")
     print(f"| put over REST (protobuf body) | {rest_up:.2f} GB/s |")
     print(f"| get over REST (protobuf body) | {rest_down:.2f} GB/s |")
-    print(f"| bare gRPC echo of a reorder's bytes, p50 | {echo_p50:.2f} ms |")
-    print(f"| reorder of 100 nonzeros, p50, gRPC | {grpc_p50:.2f} ms (bare gRPC + {grpc_p50 - echo_p50:.2f}) |")
+    ms = {name: f"{min(r):.2f}–{max(r):.2f}" for name, r in latencies.items()}
+    print(f"| bare gRPC echo of a reorder's bytes, p50, median of {args.rounds} | {echo_p50:.2f} ms "
+          f"(rounds {ms['bare']}) |")
+    print(f"| reorder of 100 nonzeros, p50, gRPC, median of {args.rounds} | {grpc_p50:.2f} ms "
+          f"(bare gRPC + {grpc_p50 - echo_p50:.2f}; rounds {ms['ours']}) |")
     print(f"| reorder of 100 nonzeros, p50, REST + JSON | {json_p50:.2f} ms |")
     spread = {name: f"{min(r):,.0f}–{max(r):,.0f}" for name, r in rates.items()}
     print(f"| bare gRPC echo calls/s, {args.clients} clients, median of {args.rounds} | {echo_rate:,.0f} "
@@ -230,7 +260,8 @@ def main() -> None:
     print(f"| reorder calls/s, {args.clients} gRPC clients, median of {args.rounds} | {rate:,.0f} "
           f"({rate / echo_rate:.0%} of bare gRPC; rounds {spread['ours']}) |")
     print(f"| serve to ready, numba cache warm | {warm:.1f} s |")
-    print(f"| serve to ready, numba cache cold | {cold.startup_s:.1f} s |")
+    if cold_s is not None:
+        print(f"| serve to ready, numba cache cold | {cold_s:.1f} s |")
 
 
 if __name__ == "__main__":
