@@ -7,6 +7,7 @@ The op methods are not written here: they come from the server's catalogue
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import ssl
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import grpc
 import httpx
 import numpy as np
 
-from . import _malloc, _wire
+from . import _http_get, _malloc, _wire
 from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
 from ._convert import as_tensor, is_tensor_like
 from ._frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
@@ -154,9 +155,14 @@ class _Base:
         credentials = grpc.ssl_channel_credentials(root_certificates=self._ca_pem)
         return grpc_api.secure_channel(self._address, credentials, options=self._grpc_options)
 
-    def _verify(self) -> ssl.SSLContext | bool:
-        """httpx's ``verify``: the CA file's context, or True for the system's roots."""
-        return ssl.create_default_context(cadata=self._ca_pem.decode("ascii")) if self._ca_pem else True
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of REST calls (httpx's ``verify``, and ``_http_get``'s): the CA file's,
+        else httpx's default; None for plaintext."""
+        if not self.tls:
+            return None
+        if self._ca_pem:
+            return ssl.create_default_context(cadata=self._ca_pem.decode("ascii"))
+        return httpx.create_ssl_context()
 
     # ------------------------------------------------------------ catalogue
     def _set_catalogue(self, device: str, ops: list[dict]) -> dict[str, dict]:
@@ -247,8 +253,9 @@ class Client(_Base):
             self._stub = pb_grpc.SparseServiceStub(self._channel)
             self._raw = _raw_methods(self._channel)
         else:
+            self._ssl_context = self._tls_context()
             self._http = httpx.Client(base_url=self._address, timeout=self.timeout, headers=self._headers,
-                                      verify=self._verify())
+                                      verify=self._ssl_context or True)
 
     # ---------------------------------------------------------------- IO
     def _grpc(self, method, request, request_id: str | None = None):
@@ -356,10 +363,15 @@ class Client(_Base):
                 return assemble(stream, "tensor")
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc, rid) from None
+        path = f"/v1/tensors/{_handle_of(handle)}"
+        if _http_get.direct_route(self._address):
+            body, content_type = _http_get.get_body(self._address, path, self._headers, self.timeout,
+                                                    self._ssl_context)
+            return _wire.decode_rest_tensor(body, content_type)
         kwargs: dict = {}
         rid = self._http_ids(None, kwargs)
         try:
-            with self._http.stream("GET", f"/v1/tensors/{_handle_of(handle)}", **kwargs) as response:
+            with self._http.stream("GET", path, **kwargs) as response:
                 if response.status_code >= 400:
                     raise _wire.http_error(response.status_code, response.read(),
                                            response.headers.get(_wire.REQUEST_ID_KEY, rid))
@@ -400,8 +412,9 @@ class AsyncClient(_Base):
             self._stub = pb_grpc.SparseServiceStub(self._channel)
             self._raw = _raw_methods(self._channel)
         else:
+            self._ssl_context = self._tls_context()
             self._http = httpx.AsyncClient(base_url=self._address, timeout=self.timeout,
-                                           headers=self._headers, verify=self._verify())
+                                           headers=self._headers, verify=self._ssl_context or True)
 
     async def _grpc(self, method, request, request_id: str | None = None):
         rid, metadata = self._call_ids(request_id)
@@ -513,7 +526,12 @@ class AsyncClient(_Base):
                 return assemble([chunk async for chunk in call], "tensor")
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc, rid) from None
-        response = await self._http_call("GET", f"/v1/tensors/{_handle_of(handle)}")
+        path = f"/v1/tensors/{_handle_of(handle)}"
+        if _http_get.direct_route(self._address):  # a thread reads it: the event loop goes on
+            body, content_type = await asyncio.to_thread(_http_get.get_body, self._address, path, self._headers,
+                                                         self.timeout, self._ssl_context)
+            return _wire.decode_rest_tensor(body, content_type)
+        response = await self._http_call("GET", path)
         return _wire.decode_rest_tensor(response.content, response.headers.get("content-type", ""))
 
     async def delete(self, handle: HandleRef | str) -> None:

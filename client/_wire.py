@@ -191,11 +191,12 @@ def http_error(status: int, body: bytes, request_id: str | None = None) -> Spars
 
 
 def transport_error(exc: Exception, request_id: str | None = None) -> SparseServeError:
-    """httpx timeouts and connection failures as SDK errors (with the id sent, else a fresh one)."""
+    """Timeouts and connection failures (httpx's, or the socket's under ``_http_get``) as SDK
+    errors, with the id sent, else a fresh one."""
     import httpx
 
     request_id = new_request_id(request_id)
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
         return DeadlineExceededError(f"no answer within the timeout: {exc}", reason="TIMEOUT",
                                      request_id=request_id)
     return UnavailableError(f"cannot reach the server: {exc}", reason="CONNECTION", request_id=request_id)
