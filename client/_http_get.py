@@ -1,7 +1,7 @@
 """``GET /v1/tensors/{handle}`` read straight into one buffer, for the SDK's REST ``get``.
 
 httpx reads a body 64 KiB at a time through h11's receive buffer, which copies every byte in
-and out again in Python: a 1 GB protobuf tensor came at 0.22-0.26 GB/s, the client's CPU the
+and out again in Python: a 1 GB protobuf tensor came at 0.22-0.30 GB/s, the client's CPU the
 limit. The standard library's ``http.client`` reads a Content-Length body with ``recv_into``
 into the caller's buffer: 1.5-1.8 GB/s in the same run. A get is the one REST call whose reply
 can be gigabytes, so it alone takes this path, on a connection of its own; every other call
