@@ -155,14 +155,19 @@ class _Base:
         credentials = grpc.ssl_channel_credentials(root_certificates=self._ca_pem)
         return grpc_api.secure_channel(self._address, credentials, options=self._grpc_options)
 
-    def _tls_context(self) -> ssl.SSLContext | None:
-        """The TLS context of REST calls (httpx's ``verify``, and ``_http_get``'s): the CA file's,
-        else httpx's default; None for plaintext."""
+    def _rest_options(self) -> dict[str, Any]:
+        """What both REST clients are made with (httpx's arguments), and what ``get``'s own
+        reader (``_http_get``) needs: the same TLS context, and whether a proxy applies (read
+        once, when httpx reads the environment too)."""
         if not self.tls:
-            return None
-        if self._ca_pem:
-            return ssl.create_default_context(cadata=self._ca_pem.decode("ascii"))
-        return httpx.create_ssl_context()
+            self._ssl_context = None
+        elif self._ca_pem:
+            self._ssl_context = ssl.create_default_context(cadata=self._ca_pem.decode("ascii"))
+        else:
+            self._ssl_context = httpx.create_ssl_context()
+        self._direct_get = _http_get.direct_route(self._address)
+        return {"base_url": self._address, "timeout": self.timeout, "headers": self._headers,
+                "verify": self._ssl_context or True}
 
     # ------------------------------------------------------------ catalogue
     def _set_catalogue(self, device: str, ops: list[dict]) -> dict[str, dict]:
@@ -253,9 +258,7 @@ class Client(_Base):
             self._stub = pb_grpc.SparseServiceStub(self._channel)
             self._raw = _raw_methods(self._channel)
         else:
-            self._ssl_context = self._tls_context()
-            self._http = httpx.Client(base_url=self._address, timeout=self.timeout, headers=self._headers,
-                                      verify=self._ssl_context or True)
+            self._http = httpx.Client(**self._rest_options())
 
     # ---------------------------------------------------------------- IO
     def _grpc(self, method, request, request_id: str | None = None):
@@ -364,7 +367,7 @@ class Client(_Base):
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc, rid) from None
         path = f"/v1/tensors/{_handle_of(handle)}"
-        if _http_get.direct_route(self._address):
+        if self._direct_get:
             body, content_type = _http_get.get_body(self._address, path, self._headers, self.timeout,
                                                     self._ssl_context)
             return _wire.decode_rest_tensor(body, content_type)
@@ -412,9 +415,7 @@ class AsyncClient(_Base):
             self._stub = pb_grpc.SparseServiceStub(self._channel)
             self._raw = _raw_methods(self._channel)
         else:
-            self._ssl_context = self._tls_context()
-            self._http = httpx.AsyncClient(base_url=self._address, timeout=self.timeout,
-                                           headers=self._headers, verify=self._ssl_context or True)
+            self._http = httpx.AsyncClient(**self._rest_options())
 
     async def _grpc(self, method, request, request_id: str | None = None):
         rid, metadata = self._call_ids(request_id)
@@ -527,7 +528,7 @@ class AsyncClient(_Base):
             except grpc.RpcError as exc:
                 raise _wire.grpc_error(exc, rid) from None
         path = f"/v1/tensors/{_handle_of(handle)}"
-        if _http_get.direct_route(self._address):  # a thread reads it: the event loop goes on
+        if self._direct_get:  # a thread reads it: the event loop goes on
             body, content_type = await asyncio.to_thread(_http_get.get_body, self._address, path, self._headers,
                                                          self.timeout, self._ssl_context)
             return _wire.decode_rest_tensor(body, content_type)

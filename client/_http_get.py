@@ -35,8 +35,8 @@ def direct_route(base_url: str) -> bool:
     return bool(urllib.request.proxy_bypass(parts.netloc))
 
 
-def _connection(base_url: str, timeout: float | None, context: ssl.SSLContext | None) -> http.client.HTTPConnection:
-    parts = urllib.parse.urlsplit(base_url)
+def _connection(parts: urllib.parse.SplitResult, timeout: float | None,
+                context: ssl.SSLContext | None) -> http.client.HTTPConnection:
     if parts.scheme == "https":
         return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context)
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
@@ -60,10 +60,10 @@ def get_body(base_url: str, path: str, headers: dict[str, str], timeout: float |
     """(body, content type) of a GET of ``path`` under ``base_url`` (TLS with ``context`` for
     https); an error status raises its SDK error, a failed or cut connection
     ``UnavailableError``, a timeout ``DeadlineExceededError``."""
-    prefix = urllib.parse.urlsplit(base_url).path.rstrip("/")
-    conn = _connection(base_url, timeout, context)
+    parts = urllib.parse.urlsplit(base_url)
+    conn = _connection(parts, timeout, context)
     try:
-        conn.request("GET", prefix + path, headers=headers)
+        conn.request("GET", parts.path.rstrip("/") + path, headers=headers)
         response = conn.getresponse()
         if response.status >= 400:
             raise http_error(response.status, response.read(), response.getheader(REQUEST_ID_KEY, request_id))
