@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import grpc
-import numpy as np
 
 from ._codec import tensor_from_bytes, tensor_pieces, value_from_pb, value_to_pb
 from ._frames import execute_request_bytes, outputs_from_bytes
-from ._json import tensor_from_json, tensor_to_json, value_to_json
+from ._json import dumps, loads, tensor_from_json, tensor_to_json, value_to_json
 from .errors import (REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, DeadlineExceededError, SparseServeError,
                      UnavailableError, error_for_code, error_for_grpc_status)
 from .v1 import sparseserve_pb2 as pb
@@ -49,9 +48,9 @@ def pipeline_from_pb(msg: pb.PipelineRequest) -> tuple[list[tuple[str, str, dict
 
 def pipeline_json(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str], keep: bool) -> bytes:
     """The JSON body of ``POST /v1/pipelines``."""
-    return json.dumps({"steps": [{"name": name, "op": op, "args": {k: value_to_json(v) for k, v in args.items()}}
-                                 for name, op, args in steps],
-                       "outputs": outputs, "keep": keep}).encode()
+    return dumps({"steps": [{"name": name, "op": op, "args": {k: value_to_json(v) for k, v in args.items()}}
+                            for name, op, args in steps],
+                  "outputs": outputs, "keep": keep})
 
 
 def catalogue_from_pb(resp: pb.ListOpsResponse) -> tuple[str, list[dict[str, Any]]]:
@@ -96,7 +95,7 @@ def new_request_id(chosen: str | None = None) -> str:
 
 # ------------------------------------------------------------------ REST
 def json_body(args: dict[str, Any]) -> bytes:
-    return json.dumps({k: value_to_json(v) for k, v in args.items()}).encode()
+    return dumps({k: value_to_json(v) for k, v in args.items()})
 
 
 def outputs_from_json(obj: dict) -> list[tuple[str, Any]]:
@@ -104,7 +103,7 @@ def outputs_from_json(obj: dict) -> list[tuple[str, Any]]:
 
 
 def rest_execute(op: str, args: dict[str, Any], keep: bool, encoding: str) -> dict[str, Any]:
-    """The httpx request arguments of ``POST /v1/ops/{op}``."""
+    """The request arguments of ``POST /v1/ops/{op}``."""
     if encoding == "protobuf":
         return {"content": execute_request_bytes(op, args, keep),
                 "headers": {"content-type": PROTOBUF}}
@@ -113,7 +112,7 @@ def rest_execute(op: str, args: dict[str, Any], keep: bool, encoding: str) -> di
 
 
 def rest_pipeline(steps: list, outputs: list[str], keep: bool, encoding: str) -> dict[str, Any]:
-    """The httpx request arguments of ``POST /v1/pipelines``."""
+    """The request arguments of ``POST /v1/pipelines``."""
     if encoding == "protobuf":
         return {"content": pipeline_request(steps, outputs, keep).SerializeToString(),
                 "headers": {"content-type": PROTOBUF}}
@@ -124,20 +123,21 @@ def rest_outputs(content: bytes, encoding: str) -> list[tuple[str, Any]]:
     """The outputs of a ``POST /v1/ops/{op}`` reply."""
     if encoding == "protobuf":
         return outputs_from_bytes(content)
-    return outputs_from_json(json.loads(content))
+    return outputs_from_json(loads(content))
 
 
 def rest_put(tensor: Any, encoding: str, *, streamed: bool = False, partitions: int = 0) -> dict[str, Any]:
-    """The httpx request arguments of ``POST /v1/tensors``. ``streamed``: a protobuf body goes
-    as its pieces (the arrays' own memory, no joined copy) with its Content-Length."""
+    """The request arguments of ``POST /v1/tensors``. ``streamed``: a protobuf body goes as a
+    list of its pieces (views of the arrays' own memory, no joined copy; a list, so that a
+    request retried on a new connection sends them again) with its Content-Length."""
     headers = {"accept": "application/json"}
     params = {"partitions": str(partitions)} if partitions else None
     if encoding == "protobuf":
         pieces = tensor_pieces(tensor)
         headers |= {"content-type": PROTOBUF, "content-length": str(sum(len(p) for p in pieces))}
-        content = iter_slices(pieces) if streamed else b"".join(pieces)
+        content = list(iter_slices(pieces)) if streamed else b"".join(pieces)
     else:
-        content = json.dumps(tensor_to_json(tensor)).encode()
+        content = dumps(tensor_to_json(tensor))
         headers["content-type"] = "application/json"
     return {"content": content, "headers": headers, "params": params}
 
@@ -153,20 +153,6 @@ def iter_slices(pieces: list, size: int = 4 << 20) -> Iterator:
         view = memoryview(piece).cast("B")
         for start in range(0, len(view), size):
             yield view[start:start + size]
-
-
-def collect_body(chunks: Iterable[bytes], length: int | None) -> bytes | memoryview:
-    """A response body from its chunks: into one buffer of the announced length (16-byte
-    aligned, so protobuf arrays are used in place; huge pages for a big one), else joined."""
-    if length is None:
-        return b"".join(chunks)
-    body = np.empty(length, np.uint8)
-    filled = 0
-    for chunk in chunks:
-        n = min(len(chunk), length - filled)
-        body[filled:filled + n] = np.frombuffer(chunk, np.uint8, n)
-        filled += n
-    return memoryview(body)[:filled]
 
 
 def http_headers(token: str | None, encoding: str, timeout: float | None = None) -> dict[str, str]:
@@ -191,7 +177,7 @@ def http_error(status: int, body: bytes, request_id: str | None = None) -> Spars
 
 
 def transport_error(exc: Exception, request_id: str | None = None) -> SparseServeError:
-    """Timeouts and connection failures (httpx's, or the socket's under ``_http_get``) as SDK
+    """Timeouts and connection failures (httpx's, or ``_http``'s: the socket's and http.client's) as SDK
     errors, with the id sent, else a fresh one."""
     import httpx
 
@@ -205,6 +191,6 @@ def transport_error(exc: Exception, request_id: str | None = None) -> SparseServ
 def decode_rest_tensor(content: bytes | memoryview, content_type: str) -> Any:
     if content_type.startswith(PROTOBUF):
         return tensor_from_bytes(content, "tensor")
-    return tensor_from_json(json.loads(bytes(content)), "tensor")
+    return tensor_from_json(loads(content), "tensor")
 
 

@@ -8,7 +8,6 @@ registry's argument types.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -18,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sparseserve._codec import tensor_from_bytes, tensor_pieces
 from sparseserve._frames import execute_request_from_bytes, outputs_to_bytes
-from sparseserve._json import is_tensor_json, tensor_from_json, tensor_to_json
+from sparseserve._json import dumps, is_tensor_json, loads, tensor_from_json, tensor_to_json
 from sparseserve._tensor import OutputRef
 from sparseserve._wire import _HTTP_TO_CODE, REQUEST_ID_KEY, TIMEOUT_KEY, iter_slices, pipeline_from_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
@@ -184,7 +183,7 @@ def _parse_json(body: bytes | memoryview, max_depth: int) -> Any:
     """The JSON value of ``body``, refused past --max-json-depth levels of nesting (a tensor
     needs its rank plus two)."""
     try:
-        obj = json.loads(body.tobytes() if isinstance(body, memoryview) else body)
+        obj = loads(body)
     except RecursionError:  # deeper than Python's parser goes (about a thousand levels)
         raise ResourceExhaustedError(f"the JSON body nests deeper than Python's parser allows, over the limit "
                                      f"of {max_depth} levels (--max-json-depth)", reason="JSON_TOO_DEEP") from None
@@ -305,7 +304,8 @@ def create_app(service: Service) -> FastAPI:
             pieces = await service.run(tensor_pieces, tensor)
             return StreamingResponse(iter_slices(pieces), media_type=PROTOBUF,
                                      headers={"content-length": str(sum(len(p) for p in pieces))})
-        return JSONResponse(await service.run(tensor_to_json, tensor))
+        # Encoded off the loop, as the protobuf pieces are: a big tensor's text takes a while.
+        return Response(await service.run(lambda: dumps(tensor_to_json(tensor))), media_type="application/json")
 
     @app.delete("/v1/tensors/{handle}", tags=["tensors"])
     async def delete_tensor(handle: str, request: Request):
@@ -436,9 +436,9 @@ async def _outputs_response(service: Service, request: Request, outputs: list[tu
         size = service.check_result_size([t for _, t in outputs], service.config.max_request_bytes, what)
         body = await service.run(outputs_to_bytes, outputs, nbytes=size)
         return Response(body, media_type=PROTOBUF)
-    encoded = await service.run(lambda: {"outputs": {n: tensor_to_json(t) for n, t in outputs}},
-                                nbytes=arguments_nbytes(t for _, t in outputs))
-    return JSONResponse(encoded)
+    body = await service.run(lambda: dumps({"outputs": {n: tensor_to_json(t) for n, t in outputs}}),
+                             nbytes=arguments_nbytes(t for _, t in outputs))
+    return Response(body, media_type="application/json")
 
 
 def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:

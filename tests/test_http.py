@@ -1,0 +1,283 @@
+"""The SDK's REST transport over the standard library's keep-alive connections
+(``sparseserve._http``).
+
+Against the real server: tensors of several sizes and both encodings come back intact, and one
+client's calls from many threads share a few connections. Against small hand-written HTTP
+servers: connections reused, an idle connection the server closed (noticed before use, or as
+the request goes out: sent again once), a body cut short, a body that stalls past the client's
+timeout, a base URL with a path prefix, and a configured proxy (which every call must go
+through, by httpx)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from sparseserve import AsyncClient, Client, DeadlineExceededError, NotFoundError, SparseTensor, UnavailableError
+from sparseserve import _http
+
+from conftest import make_client
+
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch):
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    return monkeypatch
+
+
+def big_coo(nbytes: int) -> SparseTensor:
+    nnz = nbytes // 24
+    rng = np.random.default_rng(5)
+    return SparseTensor(indices=np.stack([np.arange(nnz) // 100, rng.integers(0, 1000, nnz)], axis=1),
+                        values=rng.standard_normal(nnz), dense_shape=[nnz // 100 + 1, 1000])
+
+
+@pytest.mark.parametrize("wire, nbytes", [("rest-protobuf", 0), ("rest-protobuf", 24),
+                                           ("rest-protobuf", 30 << 20), ("rest-json", 1 << 16)])
+def test_rest_get_round_trips(server, no_proxy_env, wire, nbytes):
+    tensor = big_coo(nbytes)
+    with make_client(server, wire) as c:
+        h = c.put(tensor)
+        back = c.get(h)
+        c.delete(h)
+    np.testing.assert_array_equal(back.indices, tensor.indices)
+    np.testing.assert_array_equal(back.values, tensor.values)
+    assert back.dense_shape == tensor.dense_shape
+
+
+def test_async_rest_get_round_trips(server, no_proxy_env):
+    tensor = big_coo(8 << 20)
+
+    async def main():
+        async with AsyncClient(server.http_url) as c:
+            h = await c.put(tensor)
+            back, missing = await asyncio.gather(c.get(h), c.get("h-" + "0" * 32), return_exceptions=True)
+            await c.delete(h)
+            return back, missing
+
+    back, missing = asyncio.run(main())
+    np.testing.assert_array_equal(back.values, tensor.values)
+    assert isinstance(missing, NotFoundError) and missing.reason == "UNKNOWN_HANDLE"
+
+
+def test_threads_share_a_few_connections(server, no_proxy_env):
+    """One client's calls from 8 threads: every answer right, and at most one connection each
+    kept for later."""
+    rng = np.random.default_rng(3)
+    tensors = [SparseTensor(indices=rng.integers(0, 50, (40, 2)), values=rng.standard_normal(40),
+                            dense_shape=[50, 50]) for _ in range(8)]
+    with make_client(server, "rest-json") as c:
+        def run(t):
+            return [c.reorder(t) for _ in range(25)]
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(run, tensors))
+        assert 1 <= len(c._http._idle) <= 8
+    for t, results in zip(tensors, answers):
+        order = np.lexsort(t.indices.T[::-1])
+        for r in results:
+            np.testing.assert_array_equal(r.indices, t.indices[order])
+            np.testing.assert_array_equal(r.values, t.values[order])
+
+
+# ------------------------------------------------------------------ hand-written servers
+class FakeServer:
+    """Answers requests with ``reply(connection)``, each connection in a thread of its own;
+    records the request heads and counts connections. A connection answers ``answers``
+    requests, then hangs up without saying so: at once, or (``hang_up="on_next_request"``)
+    when the next request has arrived, unanswered."""
+
+    def __init__(self, reply, answers: int = 1, hang_up: str = "at_once"):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.heads: list[str] = []
+        self.connections = 0
+        self.reply, self.answers, self.hang_up = reply, answers, hang_up
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._converse, args=(conn,), daemon=True).start()
+
+    def _converse(self, conn: socket.socket) -> None:
+        with conn:
+            received = b""
+            for answered in range(self.answers + (self.hang_up == "on_next_request")):
+                while b"\r\n\r\n" not in received:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    received += data
+                head, _, received = received.partition(b"\r\n\r\n")
+                self.heads.append(head.decode("latin-1") + "\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(received) < length:
+                    received += conn.recv(65536)
+                received = received[length:]
+                if answered == self.answers:  # the request to hang up on
+                    return
+                try:
+                    self.reply(conn)
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def fake_server():
+    servers = []
+
+    def start(reply, **kwargs):
+        servers.append(FakeServer(reply, **kwargs))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def cut_short(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 1000\r\n\r\n"
+                 + b"\0" * 10)
+
+
+def stalls(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 1000\r\n\r\n")
+    time.sleep(5)
+
+
+def not_found(conn):
+    body = b'{"error": {"code": "NOT_FOUND", "message": "no such tensor", "reason": "UNKNOWN_HANDLE"}}'
+    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: "
+                 + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+
+
+def not_found_kept_alive(conn):
+    body = b'{"error": {"code": "NOT_FOUND", "message": "no such tensor", "reason": "UNKNOWN_HANDLE"}}'
+    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def missing_handles(c: Client, calls: int) -> list[str]:
+    """``calls`` deletes of handles the server does not know, each answered NOT_FOUND: the
+    reasons the SDK read."""
+    reasons = []
+    for i in range(calls):
+        with pytest.raises(NotFoundError) as info:
+            c.delete(f"h-{i:032d}")
+        reasons.append(info.value.reason)
+    return reasons
+
+
+def test_calls_share_a_kept_alive_connection(fake_server, no_proxy_env):
+    srv = fake_server(not_found_kept_alive, answers=100)
+    with Client(srv.url) as c:
+        assert missing_handles(c, 5) == ["UNKNOWN_HANDLE"] * 5
+    assert srv.connections == 1 and len(srv.heads) == 5
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_used(fake_server, no_proxy_env):
+    """Noticed before the request goes out: no request is written to a closed connection."""
+    srv = fake_server(not_found_kept_alive, answers=1)
+    exchanges = []
+    exchange = _http._exchange
+    no_proxy_env.setattr(_http, "_exchange", lambda conn, *a: exchanges.append(conn) or exchange(conn, *a))
+    with Client(srv.url) as c:
+        for _ in range(3):
+            assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
+            deadline = time.monotonic() + 5
+            while _http._still_open(c._http._idle[0]):  # until the server's close reaches the client
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+    assert srv.connections == 3 and len(srv.heads) == 3 and len(set(exchanges)) == len(exchanges) == 3
+
+
+def test_a_request_the_server_hangs_up_on_goes_again_once_on_a_new_connection(fake_server, no_proxy_env):
+    """The server closes a kept-alive connection as the next request arrives (idle timeouts
+    race requests): that request, unanswered, is sent again on a new connection."""
+    srv = fake_server(not_found_kept_alive, answers=1, hang_up="on_next_request")
+    with Client(srv.url) as c:
+        assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
+        no_proxy_env.setattr(_http, "_still_open", lambda conn: True)  # the close not yet seen
+        assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
+    assert srv.connections == 2
+    assert [h.split("\r\n")[0] for h in srv.heads] == [f"DELETE /v1/tensors/h-{0:032d} HTTP/1.1"] * 3
+
+
+def test_a_new_connection_hung_up_on_is_not_retried(fake_server, no_proxy_env):
+    srv = fake_server(not_found_kept_alive, answers=0, hang_up="on_next_request")
+    with Client(srv.url) as c:
+        with pytest.raises(UnavailableError) as info:
+            c.delete("h-" + "3" * 32)
+    assert info.value.reason == "CONNECTION"
+    assert srv.connections == 1 and len(srv.heads) == 1
+
+
+def test_body_cut_short_is_unavailable(fake_server, no_proxy_env):
+    srv = fake_server(cut_short)
+    with Client(srv.url) as c:
+        with pytest.raises(UnavailableError) as info:
+            c.get("h-" + "0" * 32)
+    assert info.value.reason == "CONNECTION"
+
+
+def test_stalled_body_is_a_deadline(fake_server, no_proxy_env):
+    srv = fake_server(stalls)
+    with Client(srv.url, timeout=0.5) as c:
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceededError) as info:
+            c.get("h-" + "0" * 32)
+    assert info.value.reason == "TIMEOUT" and time.monotonic() - start < 4
+
+
+def test_base_url_path_prefix_is_kept(fake_server, no_proxy_env):
+    srv = fake_server(not_found)
+    with Client(srv.url + "/sparse/") as c:
+        with pytest.raises(NotFoundError) as info:
+            c.get("h-" + "1" * 32)
+    assert info.value.reason == "UNKNOWN_HANDLE"
+    assert srv.heads[0].startswith(f"GET /sparse/v1/tensors/h-{'1' * 32} HTTP/1.1\r\n")
+    assert "\r\naccept: application/x-protobuf\r\n" in srv.heads[0].lower()
+
+
+def test_a_configured_proxy_is_used(fake_server, no_proxy_env):
+    """With HTTP_PROXY set, every call goes to the proxy (an absolute URL in the request line)
+    through httpx; none may go straight to the server."""
+    proxy = fake_server(not_found)
+    no_proxy_env.setenv("HTTP_PROXY", proxy.url)
+    target = "http://sparse.invalid:8000"
+    assert not _http.direct_route(target)
+    with Client(target) as c:
+        with pytest.raises(NotFoundError):
+            c.get("h-" + "2" * 32)
+        with pytest.raises(NotFoundError):
+            c.delete("h-" + "2" * 32)
+    assert proxy.heads[0].startswith(f"GET {target}/v1/tensors/h-{'2' * 32} HTTP/1.1\r\n")
+    assert proxy.heads[1].startswith(f"DELETE {target}/v1/tensors/h-{'2' * 32} HTTP/1.1\r\n")
+
+
+def test_direct_route(no_proxy_env):
+    assert _http.direct_route("http://10.0.0.1:8000")
+    no_proxy_env.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert _http.direct_route("http://10.0.0.1:8000")  # a proxy for https only
+    assert not _http.direct_route("https://10.0.0.1:8000")
+    no_proxy_env.setenv("NO_PROXY", "10.0.0.1")
+    assert _http.direct_route("https://10.0.0.1:8000")
