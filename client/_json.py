@@ -18,7 +18,11 @@ import json
 from typing import Any
 
 import numpy as np
-import orjson
+
+try:
+    import orjson
+except ImportError:  # the SDK's base install: the standard library's JSON (below)
+    orjson = None
 
 from ._dtypes import check_supported, dtype_from_name
 from ._tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor
@@ -37,25 +41,30 @@ def _bad(message: str, reason: str = "BAD_JSON_TENSOR") -> InvalidArgumentError:
 
 # ------------------------------------------------------------------ text
 # orjson writes and reads JSON 5-6 times as fast as the standard library (a 100-entry tensor:
-# 150 -> 25 us written, 65 -> 10 read), most of a small REST call's codec.
+# 150 -> 25 us written, 65 -> 10 read), most of a small REST call's codec. The server requires
+# it; the SDK uses it where installed and the standard library otherwise, to the same text.
 def dumps(obj: Any) -> bytes:
     """``obj`` as compact JSON bytes (no NaN or infinity ever reaches here: see above). What
-    orjson cannot write (integers past 64 bits) the standard library writes, as before: the
-    server's checks then answer for it."""
-    try:
-        return orjson.dumps(obj)
-    except orjson.JSONEncodeError:
-        return json.dumps(obj).encode()
+    orjson cannot write (integers past 64 bits) the standard library writes: the server's
+    checks then answer for it."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(obj)
+        except orjson.JSONEncodeError:
+            pass
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def loads(data: bytes | memoryview | str) -> Any:
     """The JSON value of ``data``. orjson refuses some text the standard library reads
     (integers past 64 bits, NaN and Infinity literals, nesting past 1,024 levels): that text
-    gets the standard library's reading, so it meets the same checks and messages as before."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    gets the standard library's reading, so it meets the same checks and messages."""
+    if orjson is not None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
 # ------------------------------------------------------------------ encode

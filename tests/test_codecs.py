@@ -15,6 +15,7 @@ from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_ch
 from sparseserve._dtypes import DTYPE_NAMES
 from sparseserve._frames import (MessageAssembler, assemble_message, execute_request_bytes, execute_request_from_bytes,
                                 execute_request_pieces, message_frames, outputs_from_bytes, outputs_to_bytes)
+from sparseserve import _json
 from sparseserve._json import tensor_from_json, tensor_to_json
 from sparseserve._tensor import HandleRef
 from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError
@@ -140,6 +141,27 @@ def test_json_non_finite_and_complex_conventions():
     assert np.isnan(back.values[0]) and back.values[1] == np.inf and back.values[2] == -np.inf
     c = tensor_to_json(np.array([1 + 2j], dtype=np.complex64))
     assert c == {"dtype": "complex64", "shape": [1], "data": [[1.0, 2.0]]}
+
+
+@pytest.mark.parametrize("with_orjson", [True, False], ids=["orjson", "standard-library"])
+def test_json_text_is_the_same_with_or_without_orjson(monkeypatch, with_orjson):
+    """The server writes and reads JSON with orjson; the SDK with it where installed, else the
+    standard library. Either way the same values, and what orjson refuses (integers past 64
+    bits, NaN literals, deep nesting) read and written as the standard library does."""
+    if not with_orjson:
+        monkeypatch.setattr(_json, "orjson", None)
+    st = SparseTensor(indices=[[0, 1], [2, 3]], values=[np.nan, -np.inf], dense_shape=[3, 4])
+    value = {"sp_input": tensor_to_json(st), "axis": [1, None, -2], "name": "é", "big": 2 ** 70}
+    text = _json.dumps(value)
+    assert isinstance(text, bytes) and json.loads(text) == value
+    assert _json.loads(text) == _json.loads(memoryview(text)) == value
+    back = tensor_from_json(_json.loads(text)["sp_input"], "sp_input")
+    assert np.isnan(back.values[0]) and back.values[1] == -np.inf
+    assert _json.loads(b'[NaN, 1e400, 123456789012345678901234567890]')[2] == 123456789012345678901234567890
+    with pytest.raises(RecursionError):
+        _json.loads(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ValueError, match="Expecting"):  # the standard library's message
+        _json.loads(b'{"a": }')
 
 
 def test_json_dtype_inferred_and_empty_forms():

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Run a snippet with the server's (and optional peers') packages made unimportable.
 BLOCKED = ("numba", "llvmlite", "fastapi", "uvicorn", "starlette", "pydantic", "scipy", "torch",
-           "grpc_health", "grpc_reflection")
+           "grpc_health", "grpc_reflection", "orjson")
 _BLOCKER = f"""
 import sys
 class _Block:
@@ -41,8 +41,9 @@ def test_sdk_imports_and_works_without_numba_or_fastapi(server):
         from sparseserve import Client, SparseTensor, errors
         st = SparseTensor(indices=[[1, 0], [0, 1]], values=[1.0, 2.0], dense_shape=[2, 2])
         assert st.to_dense().tolist() == [[0.0, 2.0], [1.0, 0.0]]
-        for target in ("{server.grpc_target}", "{server.http_url}"):
-            with Client(target) as c:
+        for target, encoding in (("{server.grpc_target}", "protobuf"), ("{server.http_url}", "protobuf"),
+                                 ("{server.http_url}", "json")):
+            with Client(target, encoding=encoding) as c:
                 assert c.reorder(st).indices.tolist() == [[0, 1], [1, 0]]
         try:
             import numba
