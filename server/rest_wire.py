@@ -22,6 +22,7 @@ from sparseserve._tensor import OutputRef
 from sparseserve._wire import _HTTP_TO_CODE, REQUEST_ID_KEY, TIMEOUT_KEY, iter_slices, pipeline_from_pb
 from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
+from sparseserve.kernels.text import json_depth
 from sparseserve.v1 import sparseserve_pb2 as pb
 
 from .limits import deadline_from_timeout
@@ -164,21 +165,6 @@ async def _read_body(request: Request, service: Service) -> bytes | memoryview:
     return b"".join(parts)
 
 
-def _json_depth(obj: Any) -> int:
-    """How deep lists and objects nest in ``obj`` (a list of numbers is one level)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            deepest = max(deepest, depth)
-            if item and isinstance(item[0], (list, dict)):
-                stack.extend((v, depth + 1) for v in item)
-    return deepest
-
-
 def _parse_json(body: bytes | memoryview, max_depth: int) -> Any:
     """The JSON value of ``body``, refused past --max-json-depth levels of nesting (a tensor
     needs its rank plus two)."""
@@ -189,7 +175,7 @@ def _parse_json(body: bytes | memoryview, max_depth: int) -> Any:
                                      f"of {max_depth} levels (--max-json-depth)", reason="JSON_TOO_DEEP") from None
     except ValueError as exc:
         raise InvalidArgumentError(f"the body is not valid JSON: {exc}", reason="BAD_JSON") from None
-    depth = _json_depth(obj)
+    depth = json_depth(np.frombuffer(body, np.uint8))
     if depth > max_depth:
         raise ResourceExhaustedError(f"the JSON body nests {depth} levels deep, over the limit of {max_depth} "
                                      "levels (--max-json-depth)", reason="JSON_TOO_DEEP")
