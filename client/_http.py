@@ -1,12 +1,12 @@
 """The SDK's REST transport where no proxy stands between it and the server: keep-alive
 HTTP/1.1 connections from the standard library's ``http.client``.
 
-httpx costs a small call about a millisecond of client CPU on a 2-core machine (its request and
-response models, h11's state machine, the pool's bookkeeping), ``http.client`` about a quarter
-of that: a 100-entry reorder with JSON bodies went from 2.7 ms p50 to 1.2. And httpx reads a
-body 64 KiB at a time through h11's receive buffer, copying every byte in and out again in
-Python (a 1 GB get at 0.22-0.30 GB/s, the client's CPU the limit), where a Content-Length body
-here is read with ``recv_into`` straight into one buffer (1.5-1.8 GB/s).
+httpx costs a small call about a millisecond of client CPU on a 2-core machine (its request
+and response models, h11's state machine, the pool's bookkeeping), ``http.client`` about a
+quarter of that: a 100-entry reorder with JSON bodies went from 2.7-2.9 ms p50 to 1.55-1.65.
+And httpx reads a body 64 KiB at a time through h11's receive buffer, copying every byte in
+and out again in Python (a 1 GB get at 0.22-0.30 GB/s, the client's CPU the limit), where a
+Content-Length body here is read with ``recv_into`` straight into one buffer (1.5-1.8 GB/s).
 
 httpx honours HTTP(S)_PROXY and NO_PROXY; ``http.client`` knows nothing of proxies, so where a
 proxy applies to the server the SDK stays on httpx (``direct_route``). ``Connections.request``
@@ -113,7 +113,8 @@ class Connections:
 
     def _open(self) -> http.client.HTTPConnection:
         if self._tls:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout, context=self._context)
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout,
+                                               context=self._context)
         return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
 
     def _take(self) -> tuple[http.client.HTTPConnection, bool]:

@@ -177,8 +177,8 @@ def http_error(status: int, body: bytes, request_id: str | None = None) -> Spars
 
 
 def transport_error(exc: Exception, request_id: str | None = None) -> SparseServeError:
-    """Timeouts and connection failures (httpx's, or ``_http``'s: the socket's and http.client's) as SDK
-    errors, with the id sent, else a fresh one."""
+    """Timeouts and connection failures (httpx's, or the socket's and http.client's under
+    ``_http``) as SDK errors, with the id sent, else a fresh one."""
     import httpx
 
     request_id = new_request_id(request_id)

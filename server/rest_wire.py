@@ -291,7 +291,8 @@ def create_app(service: Service) -> FastAPI:
             return StreamingResponse(iter_slices(pieces), media_type=PROTOBUF,
                                      headers={"content-length": str(sum(len(p) for p in pieces))})
         # Encoded off the loop, as the protobuf pieces are: a big tensor's text takes a while.
-        return Response(await service.run(lambda: dumps(tensor_to_json(tensor))), media_type="application/json")
+        body = await service.run(lambda: dumps(tensor_to_json(tensor)))
+        return Response(body, media_type="application/json")
 
     @app.delete("/v1/tensors/{handle}", tags=["tensors"])
     async def delete_tensor(handle: str, request: Request):
