@@ -300,17 +300,47 @@ def get(client: Any, handle: str) -> SparseTensor | np.ndarray:
 
 # The AsyncClient's halves: the copies (a gigabyte takes a good fraction of a second) run in a
 # worker thread, so the event loop keeps serving the program's other calls meanwhile.
+class _Handover:
+    """A segment passing from the thread that writes it to the caller waiting on the loop.
+    Whichever side comes second drops it when the caller has gone: not a done callback on the
+    loop, which may be shut down (``asyncio.run`` ending) before the thread finishes."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.shm: shared_memory.SharedMemory | None = None
+
+    def write(self, tensor: SparseTensor | np.ndarray) -> tuple[shared_memory.SharedMemory, pb.SharedTensor]:
+        """In the thread: write the segment, and drop it at once if the caller has gone."""
+        shm, request = _written_segment(tensor)
+        with self.lock:
+            if not self.abandoned:
+                self.shm = shm
+                return shm, request
+        _drop_segment(shm)
+        raise asyncio.CancelledError
+
+    def abandon(self) -> None:
+        """On the loop, for a cancelled caller: drop the segment if the thread has written it."""
+        with self.lock:
+            self.abandoned, shm = True, self.shm
+        if shm is not None:
+            _drop_segment(shm)
+
+
 async def put_async(client: Any, tensor: SparseTensor | np.ndarray):
     """``await AsyncClient.put(tensor, shared_memory=True)``."""
     from ._client import RemoteTensor
 
     _require_grpc(client)
-    # Shielded: a caller cancelled mid-copy must not orphan the segment the thread goes on writing.
-    writing = asyncio.ensure_future(asyncio.to_thread(_written_segment, tensor))
+    handover = _Handover()
+    # Shielded: a cancelled caller must not leave the thread's segment to nobody.
+    writing = asyncio.ensure_future(asyncio.to_thread(handover.write, tensor))
     try:
         shm, request = await asyncio.shield(writing)
     except asyncio.CancelledError:
-        writing.add_done_callback(_drop_written)
+        handover.abandon()
+        writing.add_done_callback(_retrieved)  # its error, if any, has no one left to tell
         raise
     try:
         reply = await client._grpc(client._stub.PutShared, request)
@@ -319,9 +349,9 @@ async def put_async(client: Any, tensor: SparseTensor | np.ndarray):
     return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=client)
 
 
-def _drop_written(writing: asyncio.Future) -> None:
-    if not writing.cancelled() and writing.exception() is None:
-        _drop_segment(writing.result()[0])
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def get_async(client: Any, handle: str) -> SparseTensor | np.ndarray:

@@ -216,6 +216,24 @@ def test_async_put_cancelled_mid_copy_leaves_no_segment(server, no_leaks):
     asyncio.run(main())
 
 
+def test_async_put_cancelled_then_loop_closed_leaves_no_segment(server, no_leaks):
+    """Cancelled mid-copy and the program's loop shut down at once: the thread still writing
+    has no loop left to report to, and the segment it finishes must still be unlinked."""
+    big = np.arange((64 << 20) // 8, dtype=np.float64)
+
+    async def main():
+        c = AsyncClient(server.grpc_target)
+        put = asyncio.ensure_future(c.put(big, shared_memory=True))
+        await asyncio.sleep(0)  # the copy has started in its thread
+        put.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await put
+        await c.close()
+
+    for _ in range(3):  # the copy ends before or after the loop closes: either way, nothing left
+        asyncio.run(main())  # returns once the default executor's threads have finished
+
+
 def test_async_rest_client_is_refused(server, no_leaks):
     async def main():
         async with AsyncClient(server.http_url) as c:
