@@ -8,6 +8,7 @@ same bytes to another process is the yardstick for transfers.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import os
 import socket
@@ -21,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from sparseserve import Client, SparseTensor
+from sparseserve import AsyncClient, Client, SparseTensor
 from sparseserve._frames import execute_request_bytes
 from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT
 
@@ -142,7 +143,25 @@ def p50_ms(call: Callable[[], object], calls: int) -> float:
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    return statistics.median(times[calls // 10:]) * 1e3  # the first tenth warms the connection
+    return _p50_ms(times)
+
+
+def async_p50_ms(target: str, tensor: SparseTensor, calls: int, **options) -> float:
+    """``p50_ms`` of an ``AsyncClient``'s reorder, awaited one at a time."""
+    async def main() -> list[float]:
+        times = []
+        async with AsyncClient(target, **options) as c:
+            for _ in range(calls):
+                start = time.perf_counter()
+                await c.call("reorder", sp_input=tensor)
+                times.append(time.perf_counter() - start)
+        return times
+
+    return _p50_ms(asyncio.run(main()))
+
+
+def _p50_ms(times: list[float]) -> float:
+    return statistics.median(times[len(times) // 10:]) * 1e3  # the first tenth warms the connection
 
 
 def calls_per_second(calls: list[Callable[[], object]], calls_each: int, warm_calls: int = 20) -> float:
@@ -223,6 +242,7 @@ def main() -> None:
             rest_up, rest_down = transfer_gbs(c, tensor)
         with Client(server.http_url, encoding="json") as c:
             json_p50 = p50_ms(functools.partial(c.reorder, small), args.calls)
+        async_json_p50 = async_p50_ms(server.http_url, small, args.calls, encoding="json")
         warm = server.startup_s
         request = execute_request_bytes("reorder", {"sp_input": small}, False)
         with EchoServer(len(request)) as echo, Client(server.grpc_target) as c:
@@ -254,6 +274,7 @@ def main() -> None:
     print(f"| reorder of 100 nonzeros, p50, gRPC, median of {args.rounds} | {grpc_p50:.2f} ms "
           f"(bare gRPC + {grpc_p50 - echo_p50:.2f}; rounds {ms['ours']}) |")
     print(f"| reorder of 100 nonzeros, p50, REST + JSON | {json_p50:.2f} ms |")
+    print(f"| reorder of 100 nonzeros, p50, REST + JSON, AsyncClient | {async_json_p50:.2f} ms |")
     spread = {name: f"{min(r):,.0f}–{max(r):,.0f}" for name, r in rates.items()}
     print(f"| bare gRPC echo calls/s, {args.clients} clients, median of {args.rounds} | {echo_rate:,.0f} "
           f"(rounds {spread['bare']}) |")

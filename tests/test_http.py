@@ -6,7 +6,8 @@ client's calls from many threads share a few connections. Against small hand-wri
 servers: connections reused, an idle connection the server closed (noticed before use, or as
 the request goes out: sent again once), a body cut short, a body that stalls past the client's
 timeout, a base URL with a path prefix, and a configured proxy (which every call must go
-through, by httpx)."""
+through, by httpx). The same for ``AsyncClient``'s asyncio connections (``_http_async``), with
+chunked and malformed replies, many calls in flight, a cancelled call and a second loop."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from sparseserve import AsyncClient, Client, DeadlineExceededError, NotFoundError, SparseTensor, UnavailableError
-from sparseserve import _http
+from sparseserve import _http, _http_async
 
 from conftest import make_client
 
@@ -281,3 +282,217 @@ def test_direct_route(no_proxy_env):
     assert not _http.direct_route("https://10.0.0.1:8000")
     no_proxy_env.setenv("NO_PROXY", "10.0.0.1")
     assert _http.direct_route("https://10.0.0.1:8000")
+
+
+# ------------------------------------------------------------------ AsyncClient's connections
+# ``_http_async``: the same exchanges as above on asyncio streams, and what only they do
+# (chunked replies, many calls in flight at once, a call cancelled midway).
+def async_missing_handles(url: str, calls: int, **kwargs) -> tuple[list[str], AsyncClient]:
+    async def main():
+        reasons = []
+        async with AsyncClient(url, **kwargs) as c:
+            for i in range(calls):
+                with pytest.raises(NotFoundError) as info:
+                    await c.delete(f"h-{i:032d}")
+                reasons.append(info.value.reason)
+        return reasons, c
+
+    return asyncio.run(main())
+
+
+def not_found_chunked(conn):
+    body = b'{"error": {"code": "NOT_FOUND", "message": "no such tensor", "reason": "UNKNOWN_HANDLE"}}'
+    chunks = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7]) for i in range(0, len(body), 7))
+    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+                 + chunks + b"0\r\nx-trailer: 1\r\n\r\n")
+
+
+def test_async_calls_share_a_kept_alive_connection(fake_server, no_proxy_env):
+    srv = fake_server(not_found_kept_alive, answers=100)
+    reasons, c = async_missing_handles(srv.url, 5)
+    assert reasons == ["UNKNOWN_HANDLE"] * 5
+    assert srv.connections == 1 and len(srv.heads) == 5
+    assert isinstance(c._http, _http_async.AsyncConnections)  # not httpx
+
+
+def test_async_chunked_reply_is_read_and_the_connection_kept(fake_server, no_proxy_env):
+    srv = fake_server(not_found_chunked, answers=100)
+    assert async_missing_handles(srv.url, 3)[0] == ["UNKNOWN_HANDLE"] * 3
+    assert srv.connections == 1
+
+
+def test_async_connection_close_is_honoured(fake_server, no_proxy_env):
+    srv = fake_server(not_found, answers=1)  # says "connection: close", then closes
+    assert async_missing_handles(srv.url, 3)[0] == ["UNKNOWN_HANDLE"] * 3
+    assert srv.connections == 3
+
+
+def test_async_connection_the_server_closed_while_idle_is_not_used(fake_server, no_proxy_env):
+    srv = fake_server(not_found_kept_alive, answers=1)
+    exchanges = []
+    exchange = _http_async._exchange
+    no_proxy_env.setattr(_http_async, "_exchange", lambda conn, *a: exchanges.append(conn) or exchange(conn, *a))
+
+    async def main():
+        async with AsyncClient(srv.url) as c:
+            for i in range(3):
+                with pytest.raises(NotFoundError):
+                    await c.delete("h-" + "4" * 32)
+                idle = c._http._idle[0]
+                deadline = time.monotonic() + 5
+                while idle.still_open():  # until the loop has read the server's close
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert srv.connections == 3 and len(srv.heads) == 3
+    assert len(set(exchanges)) == len(exchanges) == 3  # no request went to a closed connection
+
+
+def test_async_request_hung_up_on_goes_again_once(fake_server, no_proxy_env):
+    srv = fake_server(not_found_kept_alive, answers=1, hang_up="on_next_request")
+    no_proxy_env.setattr(_http_async._Connection, "still_open", lambda self: True)  # the close not yet seen
+    assert async_missing_handles(srv.url, 2)[0] == ["UNKNOWN_HANDLE"] * 2
+    assert srv.connections == 2
+    assert [h.split("\r\n")[0] for h in srv.heads] == [
+        f"DELETE /v1/tensors/h-{0:032d} HTTP/1.1", f"DELETE /v1/tensors/h-{1:032d} HTTP/1.1",
+        f"DELETE /v1/tensors/h-{1:032d} HTTP/1.1"]
+
+
+def test_async_new_connection_hung_up_on_is_not_retried(fake_server, no_proxy_env):
+    srv = fake_server(not_found_kept_alive, answers=0, hang_up="on_next_request")
+
+    async def main():
+        async with AsyncClient(srv.url) as c:
+            with pytest.raises(UnavailableError) as info:
+                await c.delete("h-" + "3" * 32)
+        return info.value
+
+    assert asyncio.run(main()).reason == "CONNECTION"
+    assert srv.connections == 1 and len(srv.heads) == 1
+
+
+@pytest.mark.parametrize("reply, timeout, error, reason", [
+    (cut_short, None, UnavailableError, "CONNECTION"),
+    (stalls, 0.5, DeadlineExceededError, "TIMEOUT"),
+    (lambda conn: conn.sendall(b"SPDY/3 200 OK\r\n\r\n"), None, UnavailableError, "CONNECTION"),
+    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n"), None, UnavailableError, "CONNECTION"),
+    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\n"), None, UnavailableError,
+     "CONNECTION"),
+    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 << 10) + b"\r\n\r\n"), None,
+     UnavailableError, "CONNECTION"),
+    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"), None,
+     UnavailableError, "CONNECTION"),
+])
+def test_async_broken_replies_are_errors(fake_server, no_proxy_env, reply, timeout, error, reason):
+    srv = fake_server(reply)
+
+    async def main():
+        async with AsyncClient(srv.url, timeout=timeout) as c:
+            start = time.monotonic()
+            with pytest.raises(error) as info:
+                await c.get("h-" + "0" * 32) if reply is stalls else await c.delete("h-" + "0" * 32)
+            return info.value, time.monotonic() - start
+
+    err, seconds = asyncio.run(main())
+    assert err.reason == reason and seconds < 4
+
+
+def test_async_stalled_reply_to_a_call_is_a_deadline(fake_server, no_proxy_env):
+    srv = fake_server(stalls)
+
+    async def main():
+        async with AsyncClient(srv.url, timeout=0.5) as c:
+            with pytest.raises(DeadlineExceededError) as info:
+                await c.delete("h-" + "0" * 32)
+        return info.value
+
+    assert asyncio.run(main()).reason == "TIMEOUT"
+
+
+def test_async_base_url_path_prefix_and_headers(fake_server, no_proxy_env):
+    srv = fake_server(not_found)
+    assert async_missing_handles(srv.url + "/sparse/", 1, token="t0k", timeout=7)[0] == ["UNKNOWN_HANDLE"]
+    head = srv.heads[0].lower()
+    assert head.startswith(f"delete /sparse/v1/tensors/h-{0:032d} http/1.1\r\n")
+    port = srv.url.rsplit(":", 1)[1]
+    for line in (f"host: 127.0.0.1:{port}", "authorization: bearer t0k", "accept: application/x-protobuf"):
+        assert f"\r\n{line}\r\n" in head
+
+
+def test_async_header_injection_is_refused(fake_server, no_proxy_env):
+    srv = fake_server(not_found_kept_alive, answers=10)
+
+    async def main():
+        async with AsyncClient(srv.url) as c:
+            with pytest.raises(ValueError, match="invalid HTTP header"):
+                await c.call("reorder", sp_input=None, request_id="a\r\nx-evil: 1")
+
+    asyncio.run(main())
+    assert srv.heads == []  # nothing was sent
+
+
+def test_async_configured_proxy_is_used(fake_server, no_proxy_env):
+    proxy = fake_server(not_found)
+    no_proxy_env.setenv("HTTP_PROXY", proxy.url)
+    target = "http://sparse.invalid:8000"
+    reasons, c = async_missing_handles(target, 2)
+    assert reasons == ["UNKNOWN_HANDLE"] * 2
+    assert all(h.startswith(f"DELETE {target}/v1/tensors/h-") for h in proxy.heads)
+    assert len(proxy.heads) == 2 and c._direct is None
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_async_many_calls_in_flight_share_connections(server, no_proxy_env, encoding):
+    """64 calls at once, big and small, each answered right; the connections they opened kept
+    for later, up to the idle limit."""
+    rng = np.random.default_rng(11)
+    tensors = [big_coo(24 * int(n)) for n in rng.integers(1, 40_000, 64)]
+
+    async def main():
+        async with AsyncClient(server.http_url, encoding=encoding) as c:
+            results = await asyncio.gather(*(c.call("reorder", sp_input=t) for t in tensors))
+            return results, len(c._http._idle)
+
+    results, idle = asyncio.run(main())
+    assert 1 <= idle <= _http._MAX_IDLE
+    for t, r in zip(tensors, results):
+        order = np.lexsort(t.indices.T[::-1])
+        np.testing.assert_array_equal(r.indices, t.indices[order])
+        np.testing.assert_array_equal(r.values, t.values[order])
+
+
+def test_async_cancelled_call_leaves_a_working_client(server, no_proxy_env):
+    """A call cancelled mid-exchange drops its connection (half a reply would poison the
+    next call on it); the client's next calls are answered right."""
+    tensor = big_coo(24 << 20)
+    small = big_coo(2400)
+
+    async def main():
+        async with AsyncClient(server.http_url) as c:
+            call = asyncio.ensure_future(c.call("reorder", sp_input=tensor))
+            await asyncio.sleep(0.05)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            h = await c.put(tensor)  # its body as pieces, not joined
+            back = await c.get(h)
+            again = await c.call("reorder", sp_input=small)
+            await c.delete(h)
+            return back, again
+
+    back, again = asyncio.run(main())
+    np.testing.assert_array_equal(back.values, tensor.values)
+    order = np.lexsort(small.indices.T[::-1])
+    np.testing.assert_array_equal(again.indices, small.indices[order])
+
+
+def test_async_client_used_again_under_a_new_loop(server, no_proxy_env):
+    """Connections belong to the loop that made them: a client kept across ``asyncio.run``
+    calls opens new ones rather than touching the closed loop's."""
+    small = big_coo(2400)
+    c = AsyncClient(server.http_url)
+    first = asyncio.run(c.call("reorder", sp_input=small))
+    second = asyncio.run(c.call("reorder", sp_input=small))
+    asyncio.run(c.close())
+    np.testing.assert_array_equal(first.values, second.values)
