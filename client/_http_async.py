@@ -203,7 +203,7 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, Headers, bool]:
     status_line, *lines = raw[:-4].decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
     code = rest[:3]
-    if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit():
+    if version not in ("HTTP/1.1", "HTTP/1.0") or not _is_number(code):
         raise http.client.BadStatusLine(status_line[:100])
     headers = Headers()
     for line in lines:
@@ -231,7 +231,7 @@ async def _read_body(reader: asyncio.StreamReader, headers: Headers,
             pieces.append(chunk)
             deadline.step()
         return b"".join(pieces), True
-    if not length.isdigit():
+    if not _is_number(length):
         raise http.client.HTTPException(f"invalid Content-Length {length[:40]!r}")
     length = int(length)
     if length < _BUFFER_BODY_BYTES:
@@ -246,6 +246,11 @@ async def _read_body(reader: asyncio.StreamReader, headers: Headers,
         filled += len(chunk)
         deadline.step()
     return body, False
+
+
+def _is_number(text: str) -> bool:
+    """Only ASCII digits: str.isdigit() takes "²" too, which int() refuses."""
+    return text.isascii() and text.isdigit()
 
 
 async def _read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
@@ -266,7 +271,9 @@ async def _read_chunked(reader: asyncio.StreamReader, deadline: _Deadline) -> by
         try:
             size = int(size, 16)
         except ValueError:
-            raise http.client.HTTPException(f"invalid chunk size {size[:20]!r}") from None
+            size = -1
+        if size < 0:
+            raise http.client.HTTPException(f"invalid chunk size in {line[:20]!r}")
         if size == 0:  # then trailers, if any, up to an empty line
             while (await _read_line(reader)) != b"\r\n":
                 pass

@@ -383,6 +383,11 @@ def test_async_new_connection_hung_up_on_is_not_retried(fake_server, no_proxy_en
      UnavailableError, "CONNECTION"),
     (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"), None,
      UnavailableError, "CONNECTION"),
+    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-5\r\nabc"), None,
+     UnavailableError, "CONNECTION"),
+    (lambda conn: conn.sendall(b"HTTP/1.1 \xb200 OK\r\n\r\n"), None, UnavailableError, "CONNECTION"),
+    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: \xb2\r\n\r\n"), None, UnavailableError,
+     "CONNECTION"),
 ])
 def test_async_broken_replies_are_errors(fake_server, no_proxy_env, reply, timeout, error, reason):
     srv = fake_server(reply)
