@@ -472,14 +472,19 @@ def test_async_cancelled_call_leaves_a_working_client(server, no_proxy_env):
     next call on it); the client's next calls are answered right."""
     tensor = big_coo(24 << 20)
     small = big_coo(2400)
+    awaiting_reply = []
+    read_head = _http_async._read_head
+    no_proxy_env.setattr(_http_async, "_read_head", lambda reader: awaiting_reply.append(1) or read_head(reader))
 
     async def main():
         async with AsyncClient(server.http_url) as c:
             call = asyncio.ensure_future(c.call("reorder", sp_input=tensor))
-            await asyncio.sleep(0.05)
+            while not awaiting_reply:  # the request is out; the server sorts a million entries
+                await asyncio.sleep(0.001)
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
+            assert c._http._idle == []  # its connection closed, not kept
             h = await c.put(tensor)  # its body as pieces, not joined
             back = await c.get(h)
             again = await c.call("reorder", sp_input=small)
