@@ -40,6 +40,11 @@ _BUFFER_BODY_BYTES = 64 << 10
 _MAX_IDLE = 20
 
 
+def request_url(prefix: str, path: str, params: dict[str, str] | None) -> str:
+    """The request line's target: the base URL's path, the call's, and its query."""
+    return prefix + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
+
+
 def direct_route(base_url: str) -> bool:
     """Whether httpx would reach ``base_url`` without a proxy (so ``Connections`` may)."""
     parts = urllib.parse.urlsplit(base_url)
@@ -79,7 +84,7 @@ class Connections:
                 headers: dict[str, str] | None = None, params: dict[str, str] | None = None) -> Reply:
         """One exchange. ``content``: bytes, or a sequence of byte pieces sent in turn (the
         caller sets their Content-Length). Raises one of ``TRANSPORT_ERRORS`` when it fails."""
-        url = self._prefix + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        url = request_url(self._prefix, path, params)
         headers = {**self._headers, **headers} if headers else self._headers
         conn, reused = self._take()
         try:

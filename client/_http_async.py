@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import re
 import ssl
 import urllib.parse
 from typing import Any, Sequence
 
 import numpy as np
 
-from ._http import _BUFFER_BODY_BYTES, _MAX_IDLE, Reply
+from ._http import _BUFFER_BODY_BYTES, _MAX_IDLE, Reply, request_url
 
 __all__ = ["AsyncConnections", "Headers"]
 
@@ -30,6 +31,8 @@ _MAX_HEAD_BYTES = 64 << 10
 # Request bodies are written this much at a time, each waiting for the socket to take it, so
 # that the transport never holds (and copies) more than one piece of a big body.
 _WRITE_BYTES = 1 << 20
+# What may not appear in a header: it would end the line (or the string) early.
+_LINE_BREAK = re.compile("[\r\n\0]")
 
 
 class Headers(dict):
@@ -93,9 +96,8 @@ class AsyncConnections:
                       headers: dict[str, str] | None = None, params: dict[str, str] | None = None) -> Reply:
         """One exchange, as ``_http.Connections.request``: ``content`` is bytes, or a sequence
         of pieces whose Content-Length the caller sets."""
-        url = self._prefix + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
-        head = _request_head(method, url, self._host_header, {**self._headers, **headers} if headers else self._headers,
-                             content)
+        head = _request_head(method, request_url(self._prefix, path, params), self._host_header,
+                             {**self._headers, **headers} if headers else self._headers, content)
         deadline = _Deadline(self._timeout)
         async with deadline.scope:
             conn, reused = await self._take(deadline)
@@ -148,7 +150,7 @@ class AsyncConnections:
 def _request_head(method: str, url: str, host: str, headers: dict[str, str], content: Any) -> bytes:
     lines = [f"{method} {url} HTTP/1.1", f"host: {host}"]
     for name, value in headers.items():
-        if any(c in value or c in name for c in "\r\n\0"):  # a header must not end early
+        if _LINE_BREAK.search(name) or _LINE_BREAK.search(value):  # a header must not end early
             raise ValueError(f"invalid HTTP header {name!r}: {value!r}")
         lines.append(f"{name}: {value}")
     if isinstance(content, (bytes, bytearray, memoryview)):
@@ -161,18 +163,11 @@ def _request_head(method: str, url: str, host: str, headers: dict[str, str], con
 async def _exchange(conn: _Connection, head: bytes, content: Any, method: str,
                     deadline: _Deadline) -> tuple[Reply, bool]:
     """Send the request, read the reply: (reply, whether the connection may serve again)."""
-    writer = conn.writer
-    if content is None or isinstance(content, (bytes, bytearray, memoryview)):
+    pieces = () if content is None else content
+    if isinstance(content, (bytes, bytearray, memoryview)):
         # A small body leaves with the head, in one segment (no Nagle/delayed-ACK stall).
-        writer.write(head + content if content is not None and len(content) < _WRITE_BYTES else head)
-        if content is not None and len(content) >= _WRITE_BYTES:
-            await _write_all(writer, [content], deadline)
-        else:
-            deadline.step()
-            await writer.drain()
-    else:
-        writer.write(head)
-        await _write_all(writer, content, deadline)
+        head, pieces = (head + content, ()) if len(content) < _WRITE_BYTES else (head, (content,))
+    await _write_all(conn.writer, (head, *pieces), deadline)
     deadline.step()
     status, headers, keep_alive = await _read_head(conn.reader)
     if method == "HEAD" or status in (204, 304):
