@@ -9,7 +9,7 @@ the server assemble streams the same way.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -22,7 +22,7 @@ from .v1 import sparseserve_pb2 as pb
 
 __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
            "value_from_pb", "array_bytes", "tensor_bytes", "value_bytes", "tensor_pieces", "tensor_to_bytes",
-           "tensor_from_bytes", "iter_chunks", "parse_chunk", "ChunkAssembler", "DEFAULT_CHUNK_BYTES"]
+           "tensor_from_bytes", "iter_chunks", "parse_chunk", "ChunkAssembler", "new_buffer", "DEFAULT_CHUNK_BYTES"]
 
 # Chunks of the Upload/Download streams: each is copied twice on its way (framing, then
 # into gRPC), and at 1 MiB those copies stay in cache (4 MiB measured 10-20% slower).
@@ -83,6 +83,12 @@ def array_from_pb(msg: pb.Array, name: str) -> np.ndarray:
             f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
             f"imply {nbytes}", reason="BUFFER_LENGTH")
     return _view(data, dtype, shape)
+
+
+def new_buffer(nbytes: int) -> np.ndarray:
+    """An uninitialised ``nbytes``-byte buffer to receive into (numpy asks for huge pages above
+    4 MiB)."""
+    return np.empty(nbytes, np.uint8)
 
 
 def _view(buffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -536,9 +542,11 @@ class ChunkAssembler:
     """
 
     def __init__(self, name: str = "tensor", max_bytes: int | None = None, *,
-                 limit: str = "the limit", reason: str = "TENSOR_TOO_LARGE"):
+                 limit: str = "the limit", reason: str = "TENSOR_TOO_LARGE",
+                 allocate: Callable[[int], np.ndarray] = new_buffer):
         self.name = name
         self.max_bytes = max_bytes
+        self._allocate = allocate  # n -> an n-byte uint8 array (the server passes its pool's)
         self._limit, self._reason = limit, reason  # how the error over max_bytes names it
         self._header: pb.Tensor | None = None
         self._specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
@@ -589,7 +597,7 @@ class ChunkAssembler:
                 f"{self.name} would take {sum(sizes)} bytes, over {self._limit} of {self.max_bytes} bytes",
                 reason=self._reason)
         self._header = header
-        self._buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
+        self._buffers = [self._allocate(n) for n in sizes]
         self._skip_full()
 
     def _skip_full(self) -> None:

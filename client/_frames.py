@@ -20,7 +20,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from ._codec import (DEFAULT_CHUNK_BYTES, _bytes_field, _len_prefix, _read_varint, _varint, iter_fields,
-                     tensor_bytes, tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes, value_from_pb)
+                     new_buffer, tensor_bytes, tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes,
+                     value_from_pb)
 from ._tensor import SparseTensor
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
@@ -250,9 +251,11 @@ class MessageAssembler:
     place. ``finish`` hands the buffer over read-only, as a unary message's bytes are: the
     arrays decoded from it are views of it."""
 
-    def __init__(self, name: str, max_bytes: int | None = None):
+    def __init__(self, name: str, max_bytes: int | None = None,
+                 allocate: Callable[[int], np.ndarray] = new_buffer):
         self.name = name
         self.max_bytes = max_bytes
+        self._allocate = allocate  # n -> an n-byte uint8 array (the server passes its pool's)
         self._buffer: np.ndarray | None = None
         self._filled = 0
 
@@ -288,7 +291,7 @@ class MessageAssembler:
             raise ResourceExhaustedError(f"{self.name}: the message has {total} bytes, over the limit of "
                                          f"{self.max_bytes} bytes (--max-request-bytes)",
                                          reason="REQUEST_TOO_LARGE")
-        self._buffer = np.empty(total, np.uint8)
+        self._buffer = self._allocate(total)
 
     def finish(self) -> memoryview:
         if self._buffer is None:

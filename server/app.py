@@ -67,8 +67,10 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     # Kernels compile (or load from numba's cache) off the loop; both wires answer meanwhile.
     warm = loop.run_in_executor(service.executor, service.warm_up)
     warm.add_done_callback(lambda f: f.exception() or stop.is_set() or _mark_ready(health, service))
+    trimmer = asyncio.create_task(_trim_idle_buffers(service))
 
     await stop.wait()
+    trimmer.cancel()
     # Stop taking requests on both wires; those in flight get --shutdown-grace seconds to finish.
     log.info("shutting down: finishing in-flight requests for up to %g s", config.shutdown_grace)
     _announce("stopping", grace_seconds=config.shutdown_grace)
@@ -78,6 +80,13 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     await asyncio.gather(grpc_server.stop(config.shutdown_grace), http_task, return_exceptions=True)
     service.close()
     _announce("stopped")
+
+
+async def _trim_idle_buffers(service: Service) -> None:
+    # Taking and giving back buffers trims the pool too; this lets a quiet server's go.
+    while True:
+        await asyncio.sleep(service.buffers.idle_seconds / 2)
+        service.buffers.trim()
 
 
 def _mark_ready(health, service: Service) -> None:

@@ -27,6 +27,7 @@ class ServerConfig:
     store_bytes: int = 4 * GiB
     store_ttl: float = 3600.0
     tenant_store_bytes: int = 0  # 0: tenants share --store-bytes
+    buffer_pool_bytes: int = 1 * GiB  # 0: every upload buffer is fresh
     max_nnz: int = (1 << 31) - 1
     max_rank: int = 32
     max_json_depth: int = 64
@@ -74,6 +75,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "store_ttl": (float, "seconds an unused handle lives"),
     "tenant_store_bytes": (int, "byte budget of one tenant's handles; a tenant over it loses its own least "
                                 "recently used first (0: tenants share --store-bytes)"),
+    "buffer_pool_bytes": (int, "bytes of freed upload buffers (4 MiB and up) kept for the next uploads "
+                               "instead of handed back to the kernel; one unused for 30 s is let go (0: "
+                               "off)"),
     "max_nnz": (int, "most stored values one tensor may have, in a request or a result"),
     "max_rank": (int, "most dimensions one tensor (or shape argument) may have"),
     "max_json_depth": (int, "deepest nesting of lists and objects a JSON body may have"),
@@ -138,7 +142,7 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     for name in ("max_result_bytes", "store_bytes", "max_nnz", "max_rank", "max_json_depth", "max_batch"):
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("tenant_store_bytes", "max_concurrency", "max_queue", "workers", "shutdown_grace",
+    for name in ("tenant_store_bytes", "buffer_pool_bytes", "max_concurrency", "max_queue", "workers", "shutdown_grace",
                  "batch_window_ms", "distribute_above_bytes", "dask_store_bytes"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")

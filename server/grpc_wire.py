@@ -97,7 +97,8 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         """Execute, the request and the reply in ``MessageFrame``s. The reply is not held to
         the message limit: frames of any number travel (--max-result-bytes still applies)."""
         tenant = _tenant(self.service, context)
-        assembler = MessageAssembler("request", max_bytes=self.service.config.max_request_bytes)
+        assembler = MessageAssembler("request", max_bytes=self.service.config.max_request_bytes,
+                                     allocate=self.service.buffers.take)
         async for frame in request_iterator:
             assembler.add(frame)
         request = assembler.finish()
@@ -111,7 +112,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         tenant = _tenant(self.service, context)
         partitions = partitions_from_text(_metadata_value(context, PARTITIONS_KEY), f"{PARTITIONS_KEY} metadata")
         assembler = ChunkAssembler("tensor", max_bytes=self.service.upload_budget(),
-                                   limit=STORE_LIMIT, reason=STORE_REASON)
+                                   limit=STORE_LIMIT, reason=STORE_REASON, allocate=self.service.buffers.take)
         async for frame in request_iterator:
             assembler.add(frame)
         tensor = assembler.finish()

@@ -91,6 +91,16 @@ class _ServiceCollector:
         yield GaugeMetricFamily("sparseserve_queue_depth",
                                 "Calls waiting for a --max-concurrency slot (at most --max-queue)",
                                 value=self.service.queued)
+        buffers = self.service.buffers
+        yield GaugeMetricFamily("sparseserve_buffer_pool_bytes",
+                                "Freed upload buffers kept for the next uploads (at most --buffer-pool-bytes)",
+                                value=buffers.free_bytes)
+        takes = CounterMetricFamily("sparseserve_buffer_pool_takes",
+                                    "Upload buffers of 4 MiB and up, by whether a kept one served",
+                                    labels=["outcome"])
+        takes.add_metric(["reused"], buffers.reused)
+        takes.add_metric(["allocated"], buffers.allocated)
+        yield takes
 
 
 # A row of ``_RequestTotals``: these, then one count per latency bucket.

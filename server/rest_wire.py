@@ -145,9 +145,9 @@ async def _read_body(request: Request, service: Service) -> bytes | memoryview:
     too_large = ResourceExhaustedError(f"the request body is over the limit of {limit} bytes "
                                        "(--max-request-bytes)", reason="REQUEST_TOO_LARGE")
     if declared is not None and declared.isdigit():
-        # The size is known: one buffer, each part copied once to its place (numpy's
-        # allocation also gets huge pages for a big body).
-        body = np.empty(int(declared), np.uint8)
+        # The size is known: one buffer (from the pool, or numpy's with huge pages), each
+        # part copied once to its place.
+        body = service.buffers.take(int(declared))
         filled = 0
         async for part in request.stream():
             if filled + len(part) > body.size:

@@ -22,6 +22,7 @@ from sparseserve.errors import (InternalError, InvalidArgumentError, NotFoundErr
                                 SparseServeError, UnauthenticatedError, UnavailableError, UnimplementedError)
 
 from .argtypes import checked
+from .buffers import BufferPool
 from .config import ServerConfig
 from .device import ArrayBackend, is_device_array, resolve_backend
 from .limits import (check_argument_limits, check_deadline, check_result_bytes, check_tensor_limits,
@@ -82,6 +83,7 @@ class Service:
         self.device = self.backend.name if self.backend is not None else "cpu"
         self.store = HandleStore(config.store_bytes, config.store_ttl,
                                  tenant_budget_bytes=config.tenant_store_bytes)
+        self.buffers = BufferPool(config.buffer_pool_bytes)
         self.tokens = config.tokens()
         self.executor = ThreadPoolExecutor(max_workers=config.workers or os.cpu_count() or 1,
                                            thread_name_prefix="sparseserve-kernel")

@@ -309,6 +309,7 @@ def test_request_totals_render_as_prometheus_families():
     """The request counters and the latency histogram are plain numbers rendered at scrape time:
     each duration lands in the first bucket whose bound holds it (a bound is inclusive), the
     buckets are cumulative, and the byte counters add up per wire."""
+    from sparseserve.server.buffers import BufferPool
     from sparseserve.server.metrics import Metrics
 
     class _Service:
@@ -317,6 +318,7 @@ def test_request_totals_render_as_prometheus_families():
             def stats():
                 return 0, 0
         running = queued = 0
+        buffers = BufferPool(0)
 
     metrics = Metrics(_Service())
     for seconds, code in ((0.0002, "OK"), (0.0004, "OK"), (0.003, "OK"), (100.0, "OK"), (0.0001, "NOT_FOUND")):
