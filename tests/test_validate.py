@@ -151,6 +151,30 @@ def test_compiled_range_check_takes_any_int64_indices(layout):
     assert not indices_in_range(-indices, limits)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_compiled_range_check_of_many_indices_finds_any_one_out_of_range(k):
+    # Past PARALLEL_MIN rows the check runs in chunks, blocks of whole rows compared unsigned:
+    # one bad value anywhere (first, last, a block's edge, the short last block) is found.
+    from sparseserve.kernels._parallel import PARALLEL_MIN
+
+    rng = np.random.default_rng(k)
+    limits = rng.integers(5, 50, k)
+    nnz = 3 * PARALLEL_MIN + 7  # not a whole number of blocks
+    indices = rng.integers(0, limits, (nnz, k))
+    assert indices_in_range(indices, limits)
+    for flat in (0, 2047, 2048, nnz * k // 2, nnz * k - 1):
+        row, col = divmod(flat, k)
+        for bad in (limits[col], -1, np.iinfo(np.int64).min, np.iinfo(np.int64).max):
+            spoiled = indices.copy()
+            spoiled[row, col] = bad
+            assert not indices_in_range(spoiled, limits), (row, col, bad)
+    assert not indices_in_range(indices, np.where(np.arange(k) == k - 1, -limits, limits))
+    tight = indices.max(axis=0) + 1
+    assert indices_in_range(indices, tight)
+    for col in range(k):
+        assert not indices_in_range(indices, tight - (np.arange(k) == col))
+
+
 def test_compiled_range_check_refuses_limits_that_do_not_match_the_columns():
     # Its loop reads limits[j] for every column j: fewer limits would read past them.
     with pytest.raises(ValueError, match="limits"):
