@@ -135,7 +135,7 @@ def through_service(scale: float, repeat: int) -> list[tuple[str, float]]:
     with BenchServer("--max-request-bytes", room, "--store-bytes", str(4 * a.nbytes)) as server, \
             Client(server.grpc_target) as c:
         probe = SparseTensor(indices=np.zeros((n // 2, 1), np.int64), values=np.ones(n // 2), dense_shape=[n])
-        up, down = transfer_gbs(c, probe)
+        up, down, _ = transfer_gbs(c, probe)
         handle = c.put(a)
         try:
             service = best_of(lambda: c.matmul(handle, x), repeat)

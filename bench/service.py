@@ -23,6 +23,8 @@ from typing import Callable
 import numpy as np
 
 from sparseserve import AsyncClient, Client, SparseTensor
+from sparseserve._client import GRPC_WINDOW_OPTIONS
+from sparseserve._codec import iter_chunks
 from sparseserve._frames import execute_request_bytes
 from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT
 
@@ -47,18 +49,32 @@ c.sendall(b"k")
 """
 
 
-# The yardstick of small calls: a grpc.aio server answering every call with fixed bytes,
-# driven by grpcio's own client with requests of a reorder's size, in the same run. What
-# sparseserve adds to a call is the difference (the floor moves by half between runs here).
+# The yardsticks of gRPC itself: a grpc.aio server answering every call with fixed bytes,
+# driven by grpcio's own client with requests of a reorder's size; the same server receiving
+# a put's stream of frames and dropping them; and sending a get's frames, which the client
+# drops, in the same run. What sparseserve adds to a call, a put or a get is the difference
+# (the floor moves by half between runs here).
 _ECHO = """
 import asyncio, sys, grpc
+from sparseserve._malloc import keep_transfer_buffers
+keep_transfer_buffers()  # glibc's thresholds as the SDK sets them (a 1 GB stream faulted 140,000 pages)
 reply = bytes(int(sys.argv[1]))
+frame = bytes(1 << 20)
 async def echo(request, context):
     return reply
+async def sink(frames, context):
+    async for frame in frames:
+        pass
+    return b""
+async def source(request, context):
+    for _ in range(int.from_bytes(request, "little")):
+        await context.write(frame)
 async def main():
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.http2.lookahead_bytes", 16 << 20)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Call": grpc.unary_unary_rpc_method_handler(echo)}),))
+        "bench.Echo", {"Call": grpc.unary_unary_rpc_method_handler(echo),
+                       "Sink": grpc.stream_unary_rpc_method_handler(sink),
+                       "Source": grpc.unary_stream_rpc_method_handler(source)}),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(port, flush=True)
@@ -79,6 +95,28 @@ class EchoServer:
         import grpc
 
         return grpc.insecure_channel(self.target).unary_unary("/bench.Echo/Call")
+
+    def stream_gbs(self, tensor: SparseTensor, repeat: int = 3) -> tuple[float, float]:
+        """Best GB/s of ``repeat`` streams (after one warm-up), through a channel set as the
+        SDK's: up, the frames ``put`` sends for ``tensor``; down, as many 1 MiB frames as
+        ``get`` receives."""
+        import grpc
+
+        channel = grpc.insecure_channel(self.target, options=GRPC_WINDOW_OPTIONS)
+        sink, source = channel.stream_unary("/bench.Echo/Sink"), channel.unary_stream("/bench.Echo/Source")
+        frames = -(-tensor.nbytes // (1 << 20))
+        ups, downs = [], []
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            sink(iter_chunks(tensor))
+            ups.append(time.perf_counter() - start)
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            for _frame in source(frames.to_bytes(8, "little")):
+                pass
+            downs.append(time.perf_counter() - start)
+        channel.close()
+        return tensor.nbytes / min(ups[1:]) / 1e9, tensor.nbytes / min(downs[1:]) / 1e9
 
     def __enter__(self) -> "EchoServer":
         return self
@@ -114,9 +152,10 @@ def coo_of_bytes(nbytes: int) -> SparseTensor:
                         dense_shape=[nnz // 1000 + 1, 1_000_000])
 
 
-def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 3) -> tuple[float, float]:
+def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 3) -> tuple[float, float, float]:
     """Best put and get GB/s of ``repeat`` each, after one warm-up of each, puts back to back and
-    gets back to back. The order matters on this VM: memory freed for more than ~2 s goes back
+    gets back to back; and the warm-up put's GB/s, the one whose buffers the server's pool (of
+    upload buffers) could not serve. The order matters on this VM: memory freed for more than ~2 s goes back
     to the host (virtio-balloon free page reporting), and touching a gigabyte of it again costs
     1.3-3.8 s of host faults, against 0.1 s for memory freed just before. The raw-socket
     yardstick's sinks also run back to back, so both see recently freed memory."""
@@ -134,7 +173,7 @@ def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 3) -> tuple
         assert np.array_equal(back.values, tensor.values), "the tensor came back changed"
         del back
     client.delete(handle)
-    return tensor.nbytes / min(ups[1:]) / 1e9, tensor.nbytes / min(downs[1:]) / 1e9
+    return tensor.nbytes / min(ups[1:]) / 1e9, tensor.nbytes / min(downs[1:]) / 1e9, tensor.nbytes / ups[0] / 1e9
 
 
 def p50_ms(call: Callable[[], object], calls: int) -> float:
@@ -237,9 +276,11 @@ def main() -> None:
         del payload
         calls_each = max(1, 4000 // args.clients)
         with Client(server.grpc_target) as c:
-            grpc_up, grpc_down = transfer_gbs(c, tensor)
+            grpc_up, grpc_down, grpc_first_up = transfer_gbs(c, tensor)
+        with EchoServer(0) as echo:
+            stream_up, stream_down = echo.stream_gbs(tensor)
         with Client(server.http_url, encoding="protobuf") as c:
-            rest_up, rest_down = transfer_gbs(c, tensor)
+            rest_up, rest_down, rest_first_up = transfer_gbs(c, tensor)
         with Client(server.http_url, encoding="json") as c:
             json_p50 = p50_ms(functools.partial(c.reorder, small), args.calls)
         async_json_p50 = async_p50_ms(server.http_url, small, args.calls, encoding="json")
@@ -263,10 +304,15 @@ def main() -> None:
     print("|---|---|")
     print(f"| raw TCP socket, same bytes | {tcp:.2f} GB/s |")
     print(f"| put over gRPC | {grpc_up:.2f} GB/s ({grpc_up / tcp:.0%} of TCP) |")
+    print(f"| first put over gRPC, into fresh memory | {grpc_first_up:.2f} GB/s |")
+    print(f"| bare gRPC stream of the same frames, dropped on arrival | {stream_up:.2f} GB/s (put is "
+          f"{grpc_up / stream_up:.0%} of it) |")
     print(f"| raw TCP socket, same bytes into a fresh buffer | {tcp_fresh:.2f} GB/s |")
     print(f"| get over gRPC | {grpc_down:.2f} GB/s ({grpc_down / tcp:.0%} of TCP; "
           f"{grpc_down / tcp_fresh:.0%} of TCP into a fresh buffer) |")
-    print(f"| put over REST (protobuf body) | {rest_up:.2f} GB/s |")
+    print(f"| bare gRPC stream of as many 1 MiB frames, dropped on arrival | {stream_down:.2f} GB/s (get is "
+          f"{grpc_down / stream_down:.0%} of it) |")
+    print(f"| put over REST (protobuf body) | {rest_up:.2f} GB/s (first, into fresh memory: {rest_first_up:.2f}) |")
     print(f"| get over REST (protobuf body) | {rest_down:.2f} GB/s |")
     ms = {name: f"{min(r):.2f}–{max(r):.2f}" for name, r in latencies.items()}
     print(f"| bare gRPC echo of a reorder's bytes, p50, median of {args.rounds} | {echo_p50:.2f} ms "

@@ -47,7 +47,7 @@ def main() -> None:
     with BenchServer("--store-bytes", str(4 * tensor.nbytes)) as server:
         shm_up, shm_down = shm_transfer_gbs(server.grpc_target, tensor, args.repeat)
         with Client(server.grpc_target) as c:
-            grpc_up, grpc_down = transfer_gbs(c, tensor, args.repeat)
+            grpc_up, grpc_down, _ = transfer_gbs(c, tensor, args.repeat)
 
     print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, same host; "
           f"a {tensor.nbytes / 1e6:,.0f} MB COO tensor\n")
