@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import functools
 import os
 import socket
@@ -24,7 +25,7 @@ import numpy as np
 
 from sparseserve import AsyncClient, Client, SparseTensor
 from sparseserve._client import GRPC_WINDOW_OPTIONS
-from sparseserve._codec import iter_chunks
+from sparseserve._codec import DEFAULT_CHUNK_BYTES, iter_chunks
 from sparseserve._frames import execute_request_bytes
 from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT
 
@@ -59,15 +60,15 @@ import asyncio, sys, grpc
 from sparseserve._malloc import keep_transfer_buffers
 keep_transfer_buffers()  # glibc's thresholds as the SDK sets them (a 1 GB stream faulted 140,000 pages)
 reply = bytes(int(sys.argv[1]))
-frame = bytes(1 << 20)
 async def echo(request, context):
     return reply
 async def sink(frames, context):
     async for frame in frames:
         pass
     return b""
-async def source(request, context):
-    for _ in range(int.from_bytes(request, "little")):
+async def source(request, context):  # request: the frame count and size, 8 bytes each
+    frame = bytes(int.from_bytes(request[8:], "little"))
+    for _ in range(int.from_bytes(request[:8], "little")):
         await context.write(frame)
 async def main():
     server = grpc.aio.server(options=[("grpc.http2.lookahead_bytes", 16 << 20)])
@@ -98,25 +99,28 @@ class EchoServer:
 
     def stream_gbs(self, tensor: SparseTensor, repeat: int = 3) -> tuple[float, float]:
         """Best GB/s of ``repeat`` streams (after one warm-up), through a channel set as the
-        SDK's: up, the frames ``put`` sends for ``tensor``; down, as many 1 MiB frames as
+        SDK's: up, the frames ``put`` sends for ``tensor``; down, as many chunk-sized frames as
         ``get`` receives."""
         import grpc
 
         channel = grpc.insecure_channel(self.target, options=GRPC_WINDOW_OPTIONS)
         sink, source = channel.stream_unary("/bench.Echo/Sink"), channel.unary_stream("/bench.Echo/Source")
-        frames = -(-tensor.nbytes // (1 << 20))
-        ups, downs = [], []
-        for _ in range(repeat + 1):
-            start = time.perf_counter()
-            sink(iter_chunks(tensor))
-            ups.append(time.perf_counter() - start)
-        for _ in range(repeat + 1):
-            start = time.perf_counter()
-            for _frame in source(frames.to_bytes(8, "little")):
-                pass
-            downs.append(time.perf_counter() - start)
-        channel.close()
-        return tensor.nbytes / min(ups[1:]) / 1e9, tensor.nbytes / min(downs[1:]) / 1e9
+        frames = -(-tensor.nbytes // DEFAULT_CHUNK_BYTES)
+        request = frames.to_bytes(8, "little") + DEFAULT_CHUNK_BYTES.to_bytes(8, "little")
+
+        def best_gbs(transfer: Callable[[], object]) -> float:
+            seconds = []
+            for _ in range(repeat + 1):
+                start = time.perf_counter()
+                transfer()
+                seconds.append(time.perf_counter() - start)
+            return tensor.nbytes / min(seconds[1:]) / 1e9
+
+        try:
+            return (best_gbs(lambda: sink(iter_chunks(tensor))),
+                    best_gbs(lambda: collections.deque(source(request), maxlen=0)))
+        finally:
+            channel.close()
 
     def __enter__(self) -> "EchoServer":
         return self
@@ -154,9 +158,9 @@ def coo_of_bytes(nbytes: int) -> SparseTensor:
 
 def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 3) -> tuple[float, float, float]:
     """Best put and get GB/s of ``repeat`` each, after one warm-up of each, puts back to back and
-    gets back to back; and the warm-up put's GB/s, the one whose buffers the server's pool (of
-    upload buffers) could not serve. The order matters on this VM: memory freed for more than ~2 s goes back
-    to the host (virtio-balloon free page reporting), and touching a gigabyte of it again costs
+    gets back to back; and the warm-up put's GB/s, the one the server's pool of upload buffers
+    could not serve. The order matters on this VM: memory freed for more than ~2 s goes back to
+    the host (virtio-balloon free page reporting), and touching a gigabyte of it again costs
     1.3-3.8 s of host faults, against 0.1 s for memory freed just before. The raw-socket
     yardstick's sinks also run back to back, so both see recently freed memory."""
     ups, downs = [], []
@@ -173,7 +177,8 @@ def transfer_gbs(client: Client, tensor: SparseTensor, repeat: int = 3) -> tuple
         assert np.array_equal(back.values, tensor.values), "the tensor came back changed"
         del back
     client.delete(handle)
-    return tensor.nbytes / min(ups[1:]) / 1e9, tensor.nbytes / min(downs[1:]) / 1e9, tensor.nbytes / ups[0] / 1e9
+    best_up, best_down, first_up = min(ups[1:]), min(downs[1:]), ups[0]
+    return tensor.nbytes / best_up / 1e9, tensor.nbytes / best_down / 1e9, tensor.nbytes / first_up / 1e9
 
 
 def p50_ms(call: Callable[[], object], calls: int) -> float:

@@ -142,8 +142,8 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     for name in ("max_result_bytes", "store_bytes", "max_nnz", "max_rank", "max_json_depth", "max_batch"):
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("tenant_store_bytes", "buffer_pool_bytes", "max_concurrency", "max_queue", "workers", "shutdown_grace",
-                 "batch_window_ms", "distribute_above_bytes", "dask_store_bytes"):
+    for name in ("tenant_store_bytes", "buffer_pool_bytes", "max_concurrency", "max_queue", "workers",
+                 "shutdown_grace", "batch_window_ms", "distribute_above_bytes", "dask_store_bytes"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
     _check_tls(parser, ns)
