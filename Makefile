@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: serve test image-test bench proto clean
+.PHONY: serve test image-test bench proto docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ image-test: $(VENV)/.dev
 bench: $(VENV)/.dev
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.linalg
+	$(BIN)/python -m bench.segment
+	$(BIN)/python -m bench.aggregate
+	$(BIN)/python -m bench.index_select
 	$(BIN)/python -m bench.service
 	$(BIN)/python -m bench.batching
 	$(BIN)/python -m bench.shm
@@ -45,6 +48,10 @@ bench: $(VENV)/.dev
 
 proto: $(VENV)/.dev
 	$(BIN)/python tools/gen_proto.py
+
+# The README's op table and docs/ops.md, from the op registry (tests/test_docs_fresh.py checks them).
+docs: $(VENV)/.dev
+	$(BIN)/python tools/gen_docs.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -66,7 +66,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
 
     # Kernels compile (or load from numba's cache) off the loop; both wires answer meanwhile.
     warm = loop.run_in_executor(service.executor, service.warm_up)
-    warm.add_done_callback(lambda f: f.exception() or stop.is_set() or _mark_ready(health, service))
+    warm.add_done_callback(lambda f: _warmed_up(f, stop, health, service))
     trimmer = asyncio.create_task(_trim_idle_buffers(service))
 
     await stop.wait()
@@ -80,6 +80,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     await asyncio.gather(grpc_server.stop(config.shutdown_grace), http_task, return_exceptions=True)
     service.close()
     _announce("stopped")
+    if warm.done() and not warm.cancelled() and warm.exception() is not None:
+        raise SystemExit(1)  # a server that could not warm up would never have been ready
 
 
 async def _trim_idle_buffers(service: Service) -> None:
@@ -87,6 +89,18 @@ async def _trim_idle_buffers(service: Service) -> None:
     while True:
         await asyncio.sleep(service.buffers.idle_seconds / 2)
         service.buffers.trim()
+
+
+def _warmed_up(done: asyncio.Future, stop: asyncio.Event, health, service: Service) -> None:
+    """Ready once the kernels are in; a failed warm-up is logged and stops the server (which
+    then exits 1) rather than leaving /readyz at 503 with nothing said."""
+    error = None if done.cancelled() else done.exception()
+    if error is not None:
+        log.error("warm-up failed; stopping", exc_info=(type(error), error, error.__traceback__))
+        _announce("warm_up_failed", error=f"{type(error).__name__}: {error}")
+        stop.set()
+    elif not stop.is_set():
+        _mark_ready(health, service)
 
 
 def _mark_ready(health, service: Service) -> None:

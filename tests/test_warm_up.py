@@ -180,3 +180,21 @@ def test_llvm_lock_events_are_off_during_the_warm_up_only():
             assert registered == []
             1 / 0
     assert registered == before
+
+
+def test_a_failed_warm_up_is_logged_and_the_server_exits_non_zero():
+    """A warm-up that raises must not leave a server up and never ready with nothing said."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sparseserve.server.service as s\n"
+        "def broken(self): raise RuntimeError('kernel cache unreadable')\n"
+        "s.Service.warm_up = broken\n"
+        "from sparseserve.server import main\n"
+        "raise SystemExit(main(['--grpc-port', '0', '--http-port', '0', '--log-level', 'warning']))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert '"event": "warm_up_failed"' in done.stdout and "kernel cache unreadable" in done.stdout
+    assert "warm-up failed" in done.stderr and "RuntimeError" in done.stderr
+    assert '"event": "ready"' not in done.stdout

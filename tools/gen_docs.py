@@ -1,0 +1,123 @@
+"""Write the op catalogue into the docs from the registry: ``python tools/gen_docs.py [--check]``.
+
+Two places are generated, never edited by hand:
+
+- the README's op table, between the ``<!-- ops:begin -->`` and ``<!-- ops:end -->`` markers
+  (one line per op: its tensor arguments with the layouts each takes, its outputs, the first
+  line of its doc);
+- ``docs/ops.md``, the whole catalogue: every argument with its type, default and doc, every
+  output, the op's full doc.
+
+Both come from ``GET /v1/ops``'s own source (``OpDef.describe``), so they say what the server
+serves. ``--check`` writes nothing and exits 1 naming the stale file; ``tests/test_docs_fresh.py``
+runs the same check, so a new op or a changed doc fails the suite until ``make docs`` is run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CATALOGUE = ROOT / "docs" / "ops.md"
+BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"
+
+_LAYOUT_WORDS = {("coo", "csr", "csc", "bsr", "bsc"): "any sparse"}
+
+
+def _catalogue() -> list[dict]:
+    from sparseserve.server.ops import REGISTRY
+
+    return sorted((op.describe() for op in REGISTRY), key=lambda entry: entry["name"])
+
+
+def _layouts(arg: dict) -> str:
+    layouts = tuple(arg["layouts"])
+    sparse = tuple(l for l in layouts if l != "dense")
+    words = [_LAYOUT_WORDS.get(sparse, ", ".join(sparse))] if sparse else []
+    if "dense" in layouts:
+        words.append("dense")
+    return " or ".join(words)
+
+
+def _tensor_args(entry: dict) -> str:
+    parts = [f"`{a['name']}` ({_layouts(a)})" for a in entry["args"] if a["layouts"]]
+    return "; ".join(parts) or "none"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def op_table(catalogue: list[dict]) -> str:
+    """The README's table: one row per op."""
+    rows = ["| op | tensor arguments (layouts) | outputs | what it does |", "|---|---|---|---|"]
+    for entry in catalogue:
+        outputs = ", ".join(f"{o['name']} ({o['type']})" for o in entry["outputs"])
+        summary = entry["doc"].split("\n\n")[0].replace("\n", " ")
+        summary = summary.split(". ")[0].rstrip(".") + "."
+        rows.append(f"| `{entry['name']}` | {_tensor_args(entry)} | {outputs} | {_escape(summary)} |")
+    return "\n".join(rows)
+
+
+def _default(arg: dict) -> str:
+    if arg["required"]:
+        return "required"
+    return f"default `{arg['default']!r}`" if arg["default"] is not None else "default `None`"
+
+
+def catalogue_page(catalogue: list[dict]) -> str:
+    """docs/ops.md: the whole catalogue."""
+    lines = ["# Op catalogue", "",
+             "Generated from the op registry by `make docs` (`tools/gen_docs.py`); do not edit by hand.",
+             "The same entries are served by `GET /v1/ops` and gRPC `ListOps`.", ""]
+    for entry in catalogue:
+        lines += [f"## `{entry['name']}`", "", entry["doc"], "", "Arguments:", ""]
+        for arg in entry["args"]:
+            layouts = f", layouts: {', '.join(arg['layouts'])}" if arg["layouts"] else ""
+            lines.append(f"- `{arg['name']}` ({arg['type']}, {_default(arg)}{layouts}): {arg['doc']}")
+        lines += ["", "Outputs:", ""]
+        lines += [f"- `{o['name']}` ({o['type']}): {o['doc']}" for o in entry["outputs"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _with_table(readme: str, table: str) -> str:
+    head, begin, rest = readme.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not (begin and end):
+        raise SystemExit(f"README.md lacks the {BEGIN} ... {END} markers")
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+def expected() -> dict[Path, str]:
+    """Each generated file's content as it should be now."""
+    catalogue = _catalogue()
+    return {README: _with_table(README.read_text(), op_table(catalogue)),
+            CATALOGUE: catalogue_page(catalogue)}
+
+
+def stale() -> list[Path]:
+    return [path for path, text in expected().items()
+            if not path.exists() or path.read_text() != text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        old = stale()
+        for path in old:
+            print(f"{path} is stale: run `make docs`", file=sys.stderr)
+        return 1 if old else 0
+    for path, text in expected().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
