@@ -204,8 +204,14 @@ class _Base:
         return {k: _prepare(v) for k, v in named.items()}
 
     def _shape_result(self, outputs: list[tuple[str, Any]]) -> Any:
-        values = tuple(RemoteTensor(v.handle, client=self) if isinstance(v, HandleRef) else v
-                       for _, v in outputs)
+        """One output as it is, several as a tuple in declared order; a list output as a Python
+        list; handles (keep) as ``RemoteTensor``s."""
+        def shaped(v):
+            if isinstance(v, list):
+                return [shaped(x) for x in v]
+            return RemoteTensor(v.handle, client=self) if isinstance(v, HandleRef) else v
+
+        values = tuple(shaped(v) for _, v in outputs)
         return values[0] if len(values) == 1 else values
 
     # A request id goes out only when the caller picks one; otherwise the server assigns it

@@ -27,7 +27,7 @@ from .errors import InvalidArgumentError, ResourceExhaustedError
 from .v1 import sparseserve_pb2 as pb
 
 __all__ = ["FRAME_BYTES", "execute_request_pieces", "execute_request_bytes", "execute_request_from_bytes",
-           "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "message_frames", "MessageAssembler",
+           "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "flat_outputs", "grouped_outputs", "message_frames", "MessageAssembler",
            "assemble_message"]
 
 FRAME_BYTES = 64 << 10
@@ -101,9 +101,55 @@ def execute_request_bytes(op: str, args: dict[str, Any], keep: bool) -> bytes:
     return b"".join(execute_request_pieces(op, args, keep))
 
 
+def flat_outputs(outputs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Named outputs as ``NamedTensor`` entries: a list output ``name`` of n tensors becomes
+    ``name[]`` holding n (an int64 scalar, so an empty list still says it is there), then
+    ``name[0]`` ... ``name[n-1]``; other outputs as they are."""
+    if not any(isinstance(v, list) for _, v in outputs):
+        return outputs
+    flat: list[tuple[str, Any]] = []
+    for name, value in outputs:
+        if isinstance(value, list):
+            flat.append((f"{name}[]", np.array(len(value), np.int64)))
+            flat += [(f"{name}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            flat.append((name, value))
+    return flat
+
+
+def grouped_outputs(flat: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``flat_outputs`` undone: each ``name[]`` entry and the n entries after it as one
+    (name, list) output."""
+    if not any(name.endswith("[]") for name, _ in flat):
+        return flat
+    out: list[tuple[str, Any]] = []
+    position = 0
+    while position < len(flat):
+        name, value = flat[position]
+        position += 1
+        if not name.endswith("[]"):
+            out.append((name, value))
+            continue
+        base = name[:-2]
+        count = np.asarray(value) if isinstance(value, np.ndarray) else None
+        if count is None or count.ndim != 0 or count.dtype.kind not in "iu" or not \
+                0 <= int(count) <= len(flat) - position:
+            raise InvalidArgumentError(f"the reply's {name!r} entry must be an integer scalar counting the "
+                                       f"{base!r} entries after it", reason="BAD_BODY")
+        items = flat[position:position + int(count)]
+        for i, (item_name, _) in enumerate(items):
+            if item_name != f"{base}[{i}]":
+                raise InvalidArgumentError(f"the reply's entry {item_name!r} stands where {base}[{i}] "
+                                           "should", reason="BAD_BODY")
+        out.append((base, [v for _, v in items]))
+        position += int(count)
+    return out
+
+
 def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
-    """A serialized ``ExecuteResponse`` (named outputs in declared order) as pieces to send
-    back to back."""
+    """A serialized ``ExecuteResponse`` (named outputs in declared order; list outputs as
+    ``flat_outputs`` lays them out) as pieces to send back to back."""
+    outputs = flat_outputs(outputs)
     if not any(_is_big_tensor(v) for _, v in outputs):
         return [b"".join([_bytes_field(_RESPONSE_OUTPUTS, _named_tensor(name, value)) for name, value in outputs])]
     pieces: list = []
@@ -190,13 +236,15 @@ def execute_request_from_bytes(body: bytes) -> tuple[str, dict[str, Any], bool]:
 
 
 def outputs_from_bytes(body: bytes) -> list[tuple[str, Any]]:
-    """The named outputs of a serialized ``ExecuteResponse``; arrays are views of ``body``."""
+    """The named outputs of a serialized ``ExecuteResponse`` (a list output as one (name, list)
+    pair: ``grouped_outputs``); arrays are views of ``body``."""
     view = memoryview(body).cast("B")
     if len(view) >= FRAME_BYTES:  # below, protobuf's C parser is quicker
         outputs = _outputs_from_view(view)
         if outputs is not None:
-            return outputs
-    return [(o.name, tensor_from_pb(o.tensor, o.name)) for o in pb.ExecuteResponse.FromString(view).outputs]
+            return grouped_outputs(outputs)
+    return grouped_outputs([(o.name, tensor_from_pb(o.tensor, o.name))
+                            for o in pb.ExecuteResponse.FromString(view).outputs])
 
 
 def _outputs_from_view(view: memoryview) -> list[tuple[str, Any]] | None:

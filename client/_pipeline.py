@@ -8,7 +8,12 @@
     result = p.run()                           # the last step's output, as a plain call returns it
     both = p.run(summed.output, dense.output)  # or chosen outputs, in that order
 
-A step passed where a tensor goes stands for its first output.
+A step passed where a tensor goes stands for its first output. A list output (split's) is
+named whole, for a list argument, or one tensor at a time::
+
+    parts = p.split(sp, num_split=3, axis=1)
+    p.concat(axis=1, sp_inputs=parts.output)    # the whole list
+    p.reorder(parts.output[2])                  # its third tensor
 """
 
 from __future__ import annotations
@@ -17,7 +22,16 @@ from typing import Any
 
 from ._tensor import OutputRef
 
-__all__ = ["Pipeline", "PipelineStep"]
+__all__ = ["Pipeline", "PipelineStep", "ListOutputRef"]
+
+
+class ListOutputRef(OutputRef):
+    """A list output of a step: the whole list, or ``[i]`` for its tensor i."""
+
+    def __getitem__(self, index: int) -> OutputRef:
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise IndexError(f"{self.ref}: an element is named by a non-negative int, not {index!r}")
+        return OutputRef(f"{self.ref}[{index}]")
 
 
 class PipelineStep:
@@ -27,15 +41,20 @@ class PipelineStep:
         self.name = name
         self.op = op["name"]
         self._outputs = [o["name"] for o in op["outputs"]]
+        self._lists = {o["name"] for o in op["outputs"] if str(o.get("type", "")).endswith("_list")}
+
+    def _ref(self, output: str) -> OutputRef:
+        ref = f"{self.name}.{output}"
+        return ListOutputRef(ref) if output in self._lists else OutputRef(ref)
 
     def __getattr__(self, output: str) -> OutputRef:
         if output.startswith("_") or output not in self._outputs:
             raise AttributeError(f"step {self.name!r} ({self.op}) has no output {output!r}; its outputs are "
                                  f"{', '.join(self._outputs)}")
-        return OutputRef(f"{self.name}.{output}")
+        return self._ref(output)
 
     def __getitem__(self, index: int) -> OutputRef:
-        return OutputRef(f"{self.name}.{self._outputs[index]}")
+        return self._ref(self._outputs[index])
 
     def __repr__(self) -> str:
         return f"PipelineStep({self.name!r}, op={self.op!r})"

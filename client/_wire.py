@@ -99,7 +99,11 @@ def json_body(args: dict[str, Any]) -> bytes:
 
 
 def outputs_from_json(obj: dict) -> list[tuple[str, Any]]:
-    return [(name, tensor_from_json(value, name)) for name, value in obj["outputs"].items()]
+    """Named outputs of a JSON reply. The server writes every tensor as an object, so an array
+    is a list output (its tensors, or with keep their handles), empty or not."""
+    return [(name, [tensor_from_json(v, f"{name}[{i}]") for i, v in enumerate(value)]
+             if isinstance(value, list) else tensor_from_json(value, name))
+            for name, value in obj["outputs"].items()]
 
 
 def rest_execute(op: str, args: dict[str, Any], keep: bool, encoding: str) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """Pipelines: a short chain of ops in one request, outputs of one step feeding the next.
 
 A step's arguments are values as for ``Execute``, or ``OutputRef("<step>.<output>")``
-naming an output of an earlier step. Everything that can be checked before any
+naming an output of an earlier step. A list output (split's) is named whole, for a
+tensor-list argument (spliced in where it is one item of a list), or one element at a time
+as ``"<step>.<output>[i]"`` (its range checked when the step runs, since the length is
+the call's). Everything that can be checked before any
 kernel runs is: step names, ops, argument names, references (earlier steps, declared
 outputs, tensor arguments only), and every argument that is not a reference —
 tensors included — through the op's own argument types. Then the steps run one
@@ -10,6 +13,7 @@ after another in one trip to the kernel pool, and only the chosen outputs leave.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +41,20 @@ def _step_error(step: str, err: SparseServeError) -> SparseServeError:
     return type(err)(f"step {step!r}: {err.message}", reason=err.reason)
 
 
+_ELEMENT = re.compile(r"^(.+)\[(\d+)\]$")
+
+
+def _element(ref: str) -> tuple[str, int] | None:
+    """("<step>.<output>", i) of an element reference "<step>.<output>[i]", else None."""
+    match = _ELEMENT.match(ref)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def _known(ref: str, available: set[str], lists: set[str]) -> bool:
+    element = _element(ref)
+    return ref in available or (element is not None and element[0] in lists)
+
+
 def _refs_in(value: Any) -> list[OutputRef]:
     if isinstance(value, OutputRef):
         return [value]
@@ -55,6 +73,7 @@ def plan_pipeline(registry: Registry, raw_steps: list[tuple[str, str, dict[str, 
         raise InvalidArgumentError(f"a pipeline has at most {MAX_STEPS} steps, not {len(raw_steps)}",
                                    reason="PIPELINE_TOO_LONG")
     available: set[str] = set()
+    lists: set[str] = set()  # the list outputs among them
     steps: list[Step] = []
     for index, (name, op_name, args) in enumerate(raw_steps):
         name = name or f"step{index}"
@@ -63,20 +82,21 @@ def plan_pipeline(registry: Registry, raw_steps: list[tuple[str, str, dict[str, 
                                        "contain no '.'", reason="BAD_STEP_NAME")
         try:
             op = registry.get(op_name)
-            _check_arguments(op, args, available)
+            _check_arguments(op, args, available, lists)
         except SparseServeError as err:
             raise _step_error(name, err) from None
         steps.append(Step(name, op, args))
         available |= {f"{name}.{out.name}" for out in op.outputs}
+        lists |= {f"{name}.{out.name}" for out in op.outputs if out.is_list}
     chosen = list(outputs) or [f"{steps[-1].name}.{out.name}" for out in steps[-1].op.outputs]
     for out in chosen:
-        if out not in available:
+        if not _known(out, available, lists):
             raise InvalidArgumentError(f"outputs names {out!r}, which no step produces; available: "
                                        f"{', '.join(sorted(available))}", reason="UNKNOWN_OUTPUT")
     return steps, chosen
 
 
-def _check_arguments(op: OpDef, args: dict[str, Any], available: set[str]) -> None:
+def _check_arguments(op: OpDef, args: dict[str, Any], available: set[str], lists: set[str]) -> None:
     declared = {a.name: a for a in op.args}
     for arg_name, value in args.items():
         arg = declared.get(arg_name)
@@ -92,21 +112,42 @@ def _check_arguments(op: OpDef, args: dict[str, Any], available: set[str]) -> No
             raise InvalidArgumentError(f"{arg_name} names an earlier output, but only tensor arguments "
                                        "may", reason="BAD_REF")
         for ref in refs:
-            if ref.ref not in available:
+            if not _known(ref.ref, available, lists):
                 raise InvalidArgumentError(
                     f"{arg_name} names {ref.ref!r}, which is not an output of an earlier step"
                     + (f"; available: {', '.join(sorted(available))}" if available else ""),
                     reason="UNKNOWN_REF")
+            if ref.ref in lists and not arg.type.is_tensor_list:
+                raise InvalidArgumentError(
+                    f"{arg_name} takes one tensor but names {ref.ref!r}, a list output; name one of its "
+                    f"tensors as {ref.ref + '[0]'!r}, ... or pass it to a list argument", reason="BAD_REF")
     for arg in op.args:
         if arg.required and args.get(arg.name) is None:
             raise InvalidArgumentError(f"{op.name} needs argument {arg.name!r}", reason="MISSING_ARGUMENT")
 
 
+def _lookup(results: dict[str, Any], ref: str) -> Any:
+    """The value of an output ("<step>.<output>"), or of one tensor of a list output
+    ("<step>.<output>[i]"): INVALID_ARGUMENT past the list's end."""
+    if ref in results:
+        return results[ref]
+    base, index = _element(ref)
+    items = results[base]
+    if index >= len(items):
+        raise InvalidArgumentError(f"{ref!r} is past the end of {base!r}, which holds {len(items)} "
+                                   f"tensor{'' if len(items) == 1 else 's'}", reason="BAD_REF")
+    return items[index]
+
+
 def _substitute(value: Any, results: dict[str, Any]) -> Any:
     if isinstance(value, OutputRef):
-        return results[value.ref]
-    if isinstance(value, list):
-        return [_substitute(v, results) for v in value]
+        return _lookup(results, value.ref)
+    if isinstance(value, list):  # a whole list output among the items is spliced in
+        out = []
+        for v in value:
+            got = _substitute(v, results)
+            out.extend(got) if isinstance(v, OutputRef) and isinstance(got, list) else out.append(got)
+        return out
     return value
 
 
@@ -118,12 +159,13 @@ def run_steps(service, steps: list[Step], chosen: list[str], to_host: bool = Fal
     results: dict[str, Any] = {}
     for step in steps:
         check_deadline(f"before pipeline step {step.name!r}")
-        args = {name: _substitute(value, results) for name, value in step.args.items()}
         try:
+            args = {name: _substitute(value, results) for name, value in step.args.items()}
             outputs = service._compute(step.op, service._bind(step.op, args))
         except SparseServeError as err:
             raise _step_error(step.name, err) from None
         results.update({f"{step.name}.{name}": value for name, value in outputs})
+    picked = [(name, _lookup(results, name)) for name in chosen]
     if to_host:
-        return [(name, service._on_host(results[name])) for name in chosen]
-    return [(name, results[name]) for name in chosen]
+        return [(name, service._on_host(value)) for name, value in picked]
+    return picked

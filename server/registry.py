@@ -44,8 +44,17 @@ class Arg:
 @dataclass(frozen=True)
 class Output:
     name: str
-    type: str  # "sparse" or "dense"
+    # "sparse" or "dense"; "sparse_list" (or "dense_list") for a list of such tensors, whose
+    # length the call decides (split's num_split): the kernel returns a Python list for it.
+    # On the wires a list output ``out`` of n tensors travels as the entry ``out[]`` holding n
+    # (an int64 scalar), then ``out[0]`` ... ``out[n-1]`` (protobuf), or as a JSON array under
+    # ``out`` (REST JSON); the SDK hands back a Python list, and with keep a list of handles.
+    type: str
     doc: str
+
+    @property
+    def is_list(self) -> bool:
+        return self.type.endswith("_list")
 
 
 @dataclass(frozen=True)

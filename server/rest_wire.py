@@ -423,7 +423,8 @@ async def _outputs_response(service: Service, request: Request, outputs: list[tu
         size = service.check_result_size([t for _, t in outputs], service.config.max_request_bytes, what)
         body = await service.run(outputs_to_bytes, outputs, nbytes=size)
         return Response(body, media_type=PROTOBUF)
-    body = await service.run(lambda: dumps({"outputs": {n: tensor_to_json(t) for n, t in outputs}}),
+    body = await service.run(lambda: dumps({"outputs": {n: [tensor_to_json(x) for x in t] if isinstance(t, list)
+                                                        else tensor_to_json(t) for n, t in outputs}}),
                              nbytes=arguments_nbytes(t for _, t in outputs))
     return Response(body, media_type="application/json")
 

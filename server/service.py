@@ -295,9 +295,13 @@ class Service:
         except Exception as exc:  # a bug: report it as one, keep serving
             log.exception("op %s failed", op.name)
             raise InternalError(f"{op.name} failed: {type(exc).__name__}: {exc}") from exc
-        outputs = [(out.name, value) for out, value in zip(op.outputs, results)]
+        outputs = [(out.name, list(value) if out.is_list else value) for out, value in zip(op.outputs, results)]
         for name, value in outputs:
-            check_tensor_limits(value, f"the {name} output of {op.name}", self.config)
+            if isinstance(value, list):  # a list output: each of its tensors
+                for i, item in enumerate(value):
+                    check_tensor_limits(item, f"the {name}[{i}] output of {op.name}", self.config)
+            else:
+                check_tensor_limits(value, f"the {name} output of {op.name}", self.config)
         if to_host:
             outputs = [(name, self._on_host(value)) for name, value in outputs]
         return outputs
@@ -307,9 +311,13 @@ class Service:
         cluster already are handles). Called on the event loop once the work has come back, so
         a call abandoned at its deadline stores nothing."""
         if keep:
-            return [(name, value if isinstance(value, HandleRef) else HandleRef((await self._store(value, tenant))[0]))
-                    for name, value in outputs]
+            return [(name, [await self._kept_one(v, tenant) for v in value] if isinstance(value, list)
+                     else await self._kept_one(value, tenant)) for name, value in outputs]
         return [(name, self._on_host(value)) for name, value in outputs]
+
+    async def _kept_one(self, value: Any, tenant: str) -> HandleRef:
+        """One output tensor stored (a list output's are stored one by one), as its handle."""
+        return value if isinstance(value, HandleRef) else HandleRef((await self._store(value, tenant))[0])
 
     async def _store(self, value: Any, tenant: str, partitions: int = 0) -> tuple[str, int]:
         """Keep a checked tensor: partitioned on the Dask cluster when asked or above
@@ -386,8 +394,10 @@ class Service:
         return [op.describe() for op in self.registry]
 
     def check_result_size(self, tensors: list[Any], limit: int, what: str) -> int:
-        """The bytes of ``tensors`` (handles count none), refused over ``limit``."""
-        size = sum(tensor_nbytes(t) for t in tensors if not isinstance(t, HandleRef))
+        """The bytes of ``tensors`` (handles count none; a list output counts its tensors),
+        refused over ``limit``."""
+        flat = [t for v in tensors for t in (v if isinstance(v, list) else (v,))]
+        size = sum(tensor_nbytes(t) for t in flat if not isinstance(t, HandleRef))
         if size > limit:
             raise ResourceExhaustedError(
                 f"the {what} takes {size} bytes, over the {limit}-byte message limit; call with "
