@@ -1,0 +1,383 @@
+"""Segment reductions and bincount: segment_sum, segment_mean, segment_sqrt_n (tf.sparse.segment_*)
+and bincount (tf.sparse.bincount).
+
+The segment ops gather rows of a dense ``data`` by ``indices`` and reduce them per
+``segment_ids``, which must be sorted, as TensorFlow's kernels require (with num_segments too).
+Every index and segment id is checked by the kernel's own pass before it reads or writes
+anything (``kernels/segment.py``); a bad one is INVALID_ARGUMENT naming the argument, the
+position and the rule. The output's rows come from num_segments, or from the last segment id,
+and are held to --max-result-bytes before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sparseserve._tensor import SparseTensor
+from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.kernels import segment as sk
+
+from ..argtypes import BOOL, DENSE, INT, OPTIONAL_INT, TENSOR
+from ..device import Fallback
+from ..registry import REGISTRY, Arg, Output
+from . import _gpu
+from ._layouts import SPARSE_LAYOUTS, as_coo
+
+INT64_MAX = int(np.iinfo(np.int64).max)
+INDEX_DTYPES = ("int32", "int64")
+SUM_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+              "float16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "float32", "float64")
+MODES = {"segment_sum": sk.SUM, "segment_mean": sk.MEAN, "segment_sqrt_n": sk.SQRT_N}
+
+
+# ------------------------------------------------------------------ segment reductions: checks
+def _index_vector(a, name: str):
+    """``a`` as the int32/int64 vector TensorFlow takes (an empty JSON list, which decodes as
+    float64, counts as int64); metadata only, so the GPU's ``supports`` can run it."""
+    if a.ndim != 1:
+        raise InvalidArgumentError(f"{name} must be a vector (rank 1), got shape {list(a.shape)}",
+                                   reason="RANK")
+    dtype = np.dtype(a.dtype)
+    if dtype.name not in INDEX_DTYPES and not (a.shape[0] == 0 and dtype.kind in "fiub"):
+        raise InvalidArgumentError(f"{name} has dtype {dtype.name}; it must be int32 or int64",
+                                   reason="BAD_DTYPE")
+    return dtype.name if dtype.name in INDEX_DTYPES else "int64"
+
+
+def _check_segment_args(op: str, data, indices, segment_ids, num_segments) -> np.dtype:
+    """Every check that reads only metadata; returns the index dtype the kernels take."""
+    dtypes = FLOAT_DTYPES if op != "segment_sum" else SUM_DTYPES
+    if np.dtype(data.dtype).name not in dtypes:
+        kinds = "float16, float32 or float64" if op != "segment_sum" else "integer or floating"
+        raise UnimplementedError(f"{op} takes {kinds} data, not {np.dtype(data.dtype).name}, as "
+                                 "TensorFlow's does", reason="UNSUPPORTED_DTYPE")
+    if data.ndim < 1:
+        raise InvalidArgumentError(f"data must have rank >= 1 (rows to gather), got a scalar",
+                                   reason="RANK_TOO_LOW")
+    _index_vector(indices, "indices")
+    _index_vector(segment_ids, "segment_ids")
+    if indices.shape[0] != segment_ids.shape[0]:
+        raise InvalidArgumentError(
+            f"indices has {indices.shape[0]} elements and segment_ids has {segment_ids.shape[0]}; "
+            "they must have the same length (one segment id per index)", reason="SHAPE_MISMATCH")
+    if num_segments is not None and not 0 <= num_segments <= INT64_MAX:
+        raise InvalidArgumentError(f"num_segments = {num_segments} must be >= 0 (and fit int64)",
+                                   reason="VALUE_OUT_OF_RANGE")
+    return np.dtype(np.int64)  # what the kernels take (int32 is widened)
+
+
+def _n_out(segment_ids, num_segments) -> int:
+    """Output rows: num_segments, or the last segment id + 1 (0 without entries)."""
+    if num_segments is not None:
+        return int(num_segments)
+    return max(int(segment_ids[-1]) + 1, 0) if segment_ids.shape[0] else 0
+
+
+def _segment_bytes(data, indices, segment_ids, num_segments=None, **_) -> int:
+    if data.ndim < 1 or segment_ids.ndim != 1 or np.dtype(segment_ids.dtype).kind not in "iu":
+        return 0  # the op refuses the call
+    width = math.prod(int(d) for d in data.shape[1:])
+    return _n_out(segment_ids, num_segments) * width * np.dtype(data.dtype).itemsize
+
+
+def _segment_error(code: int, indices, segment_ids, n_data: int, num_segments) -> InvalidArgumentError:
+    i, kind = divmod(code, 4)
+    if kind == sk.BAD_INDEX:
+        return InvalidArgumentError(f"indices[{i}] = {int(indices[i])} is out of range for data.shape[0] "
+                                    f"= {n_data}", reason="INDEX_OUT_OF_RANGE")
+    s = int(segment_ids[i])
+    if kind == sk.UNSORTED:
+        return InvalidArgumentError(
+            f"segment_ids[{i}] = {s} is less than segment_ids[{i - 1}] = {int(segment_ids[i - 1])}; "
+            "segment_ids must be sorted (non-decreasing)", reason="SEGMENT_IDS_UNSORTED")
+    if s < 0:
+        return InvalidArgumentError(f"segment_ids[{i}] = {s} is negative; segment ids must be >= 0",
+                                    reason="SEGMENT_ID_OUT_OF_RANGE")
+    if num_segments is None:  # beyond the last id: the ids decrease somewhere after it
+        return InvalidArgumentError(
+            f"segment_ids[{i}] = {s} is greater than the last segment id {int(segment_ids[-1])}; "
+            "segment_ids must be sorted (non-decreasing)", reason="SEGMENT_IDS_UNSORTED")
+    return InvalidArgumentError(f"segment_ids[{i}] = {s} is out of range for num_segments = "
+                                f"{num_segments} (valid: 0 to {num_segments - 1})",
+                                reason="SEGMENT_ID_OUT_OF_RANGE")
+
+
+def _segment(op: str, data: np.ndarray, indices: np.ndarray, segment_ids: np.ndarray,
+             num_segments: int | None) -> np.ndarray:
+    index_dtype = _check_segment_args(op, data, indices, segment_ids, num_segments)
+    indices = np.asarray(indices).astype(index_dtype, copy=False)
+    segment_ids = np.asarray(segment_ids).astype(index_dtype, copy=False)
+    n_out = _n_out(segment_ids, num_segments)
+    n_data = data.shape[0]
+    width = math.prod(int(d) for d in data.shape[1:])
+    dtype = data.dtype.newbyteorder("=")
+    data2d = np.ascontiguousarray(data, dtype=dtype).reshape(n_data, width)
+    if data.dtype == np.float16:  # reduced in float32, as TensorFlow's kernel does
+        data2d = data2d.astype(np.float32)
+    out, error = sk.segment_reduce(data2d, indices, segment_ids, n_out, MODES[op])
+    if error >= 0:
+        raise _segment_error(error, indices, segment_ids, n_data, num_segments)
+    return out.astype(dtype, copy=False).reshape(n_out, *data.shape[1:])
+
+
+_SEGMENT_ARGS = [
+    Arg("data", DENSE, "Dense tensor of rank >= 1 whose rows are gathered.", layouts=("dense",)),
+    Arg("indices", DENSE, "int32/int64 vector: the rows of data to reduce, each in "
+        "[0, data.shape[0]).", layouts=("dense",)),
+    Arg("segment_ids", DENSE, "int32/int64 vector, one per index, sorted (non-decreasing), each "
+        ">= 0: the output row each gathered row goes to.", layouts=("dense",)),
+    Arg("num_segments", OPTIONAL_INT, "Rows of the output (every segment id must be below it); "
+        "default: the last segment id + 1.", default=None),
+]
+
+_SEGMENT_DOC = """{what} of rows of data selected by indices, per segment (tf.sparse.{name}).
+output[s] = {formula} over the i with segment_ids[i] == s, of data[indices[i]]; output has
+num_segments rows (default: segment_ids[-1] + 1), the trailing dimensions of data, and data's
+dtype. segment_ids must be sorted (non-decreasing) and >= 0, also with num_segments (as
+TensorFlow's kernels); a segment no entry reaches is 0. Indices may repeat and come in any order.
+An index outside [0, data.shape[0]), a negative, unsorted or too large (>= num_segments) segment
+id is INVALID_ARGUMENT naming the position; indices and segment_ids must be int32 or int64 of
+one length. {dtypes}"""
+
+
+@REGISTRY.op(
+    "segment_sum",
+    doc=_SEGMENT_DOC.format(what="Sums", name="segment_sum", formula="sum",
+                            dtypes="Integer and floating data (bool and complex are UNIMPLEMENTED, "
+                                   "as in TensorFlow); integers wrap, float16 is summed in float32."),
+    args=_SEGMENT_ARGS,
+    outputs=[Output("output", "dense", "[num_segments, *data.shape[1:]], data's dtype.")],
+    result_bytes=_segment_bytes,
+)
+def segment_sum(data, indices, segment_ids, num_segments=None):
+    return _segment("segment_sum", data, indices, segment_ids, num_segments)
+
+
+@REGISTRY.op(
+    "segment_mean",
+    doc=_SEGMENT_DOC.format(what="Means", name="segment_mean", formula="sum / count",
+                            dtypes="float16, float32 and float64 data (others are UNIMPLEMENTED, as "
+                                   "in TensorFlow); float16 is computed in float32."),
+    args=_SEGMENT_ARGS,
+    outputs=[Output("output", "dense", "[num_segments, *data.shape[1:]], data's dtype.")],
+    result_bytes=_segment_bytes,
+)
+def segment_mean(data, indices, segment_ids, num_segments=None):
+    return _segment("segment_mean", data, indices, segment_ids, num_segments)
+
+
+@REGISTRY.op(
+    "segment_sqrt_n",
+    doc=_SEGMENT_DOC.format(what="Sums divided by sqrt(count)", name="segment_sqrt_n",
+                            formula="sum / sqrt(count)",
+                            dtypes="float16, float32 and float64 data (others are UNIMPLEMENTED, as "
+                                   "in TensorFlow); float16 is computed in float32."),
+    args=_SEGMENT_ARGS,
+    outputs=[Output("output", "dense", "[num_segments, *data.shape[1:]], data's dtype.")],
+    result_bytes=_segment_bytes,
+)
+def segment_sqrt_n(data, indices, segment_ids, num_segments=None):
+    return _segment("segment_sqrt_n", data, indices, segment_ids, num_segments)
+
+
+# ------------------------------------------------------------------ segment reductions on the GPU
+# A gather of the rows, runs of equal (sorted) segment ids summed by ``arrays.segment_sum`` (a
+# scatter-add: cupyx.scatter_add on CuPy, numpy.add.at on the stand-in), scaled by
+# 1 / count or 1 / sqrt(count) in the work dtype, and placed into zeroed output rows. The
+# indices and ids are checked on the device (one scalar to the host); a bad one falls back, and
+# the CPU kernel names it.
+def _segment_on_gpu(op: str, data, indices, segment_ids, num_segments=None) -> str | None:
+    if _gpu.refused(_check_segment_args, op, data, indices, segment_ids, num_segments):
+        allowed = SUM_DTYPES if op == "segment_sum" else FLOAT_DTYPES
+        return "argument" if np.dtype(data.dtype).name in allowed else "dtype"
+    return None if _gpu.native(data, indices, segment_ids) else "dtype"
+
+
+def _segment_gpu(be, op: str, data, indices, segment_ids, num_segments):
+    from sparseserve.kernels import arrays as ka
+
+    xp = be.xp
+    k = int(indices.shape[0])
+    idx = indices.astype(xp.int64)
+    ids = segment_ids.astype(xp.int64)
+    n_out = _n_out(ids, num_segments)
+    n_data = int(data.shape[0])
+    if k:
+        bad = (idx < 0) | (idx >= n_data) | (ids < 0) | (ids >= n_out)
+        if k > 1:
+            bad[1:] |= ids[1:] < ids[:-1]
+        if bool(xp.any(bad)):
+            raise Fallback("argument")  # the CPU kernel names the first bad entry
+    width = math.prod(int(d) for d in data.shape[1:])
+    work = np.float32 if data.dtype == np.float16 else data.dtype
+    out = xp.zeros((n_out, width), dtype=work)
+    if k and width:
+        rows = data.reshape(n_data, width)[idx].astype(work)
+        first, group, n_groups = ka.runs(xp, ids)
+        sums = ka.segment_sum(xp, rows, first, group, n_groups, be.scatter_add)
+        if MODES[op] != sk.SUM:
+            counts = xp.bincount(group, minlength=n_groups).astype(xp.float64)
+            if MODES[op] == sk.SQRT_N:
+                counts = xp.sqrt(counts)
+            sums = sums * (1 / counts.astype(work))[:, None]
+        out[ids[first]] = sums
+    return out.astype(data.dtype).reshape((n_out, *data.shape[1:]))
+
+
+@REGISTRY.gpu("segment_sum", supports=lambda **bound: _segment_on_gpu("segment_sum", **bound))
+@_gpu.quiet
+def segment_sum_gpu(be, data, indices, segment_ids, num_segments=None):
+    return _segment_gpu(be, "segment_sum", data, indices, segment_ids, num_segments)
+
+
+@REGISTRY.gpu("segment_mean", supports=lambda **bound: _segment_on_gpu("segment_mean", **bound))
+@_gpu.quiet
+def segment_mean_gpu(be, data, indices, segment_ids, num_segments=None):
+    return _segment_gpu(be, "segment_mean", data, indices, segment_ids, num_segments)
+
+
+@REGISTRY.gpu("segment_sqrt_n", supports=lambda **bound: _segment_on_gpu("segment_sqrt_n", **bound))
+@_gpu.quiet
+def segment_sqrt_n_gpu(be, data, indices, segment_ids, num_segments=None):
+    return _segment_gpu(be, "segment_sqrt_n", data, indices, segment_ids, num_segments)
+
+
+# ------------------------------------------------------------------ bincount
+BINCOUNT_LAYOUTS = ("dense", *SPARSE_LAYOUTS)
+
+
+def _bincount_plan(values, weights, axis: int, binary_output: bool):
+    """(flat int values as given, flat weights or None, batch ids or None, row length, number of
+    batches, output rank, position namer) after every check that reads no values."""
+    if axis not in (0, -1):
+        raise InvalidArgumentError(f"axis = {axis} is not supported; bincount counts over every value "
+                                   "(axis 0) or per row (axis -1)", reason="AXIS_OUT_OF_RANGE")
+    if weights is not None and binary_output:
+        raise InvalidArgumentError("weights and binary_output=true are mutually exclusive; pass one",
+                                   reason="EXCLUSIVE_ARGUMENTS")
+    if np.dtype(values.dtype).name not in ("int32", "int64"):
+        raise UnimplementedError(f"bincount counts int32 or int64 values, not {np.dtype(values.dtype).name}, "
+                                 "as TensorFlow's does", reason="UNSUPPORTED_DTYPE")
+    if weights is not None and np.dtype(weights.dtype).name not in sk.WEIGHT_DTYPES:
+        raise UnimplementedError(f"bincount takes int32, int64, float32 or float64 weights, not "
+                                 f"{np.dtype(weights.dtype).name}, as TensorFlow's does",
+                                 reason="UNSUPPORTED_DTYPE")
+    if isinstance(values, SparseTensor):
+        return _sparse_plan(values, weights, axis)
+    if isinstance(weights, SparseTensor):
+        raise InvalidArgumentError("weights is sparse but values is dense; weights must be dense with "
+                                   "values' shape", reason="SHAPE_MISMATCH")
+    shape = tuple(values.shape)
+    if axis == 0 or values.ndim == 1:
+        flat = values.reshape(-1)
+        if weights is not None and weights.size != flat.size:
+            raise InvalidArgumentError(f"weights has shape {list(weights.shape)} ({weights.size} elements) "
+                                       f"and values has shape {list(shape)} ({flat.size}); they must "
+                                       "have the same size", reason="SHAPE_MISMATCH")
+        namer = (lambda i: _position("values", i, shape)) if shape else (lambda i: "values")
+        return flat, None if weights is None else weights.reshape(-1), None, 0, 1, 1, namer
+    if values.ndim != 2:
+        raise InvalidArgumentError(f"with axis=-1 dense values must have rank 1 or 2, got shape {list(shape)}",
+                                   reason="RANK")
+    if weights is not None and tuple(weights.shape) != shape:
+        raise InvalidArgumentError(f"weights has shape {list(weights.shape)} and values has shape "
+                                   f"{list(shape)}; with axis=-1 they must be equal", reason="SHAPE_MISMATCH")
+    namer = lambda i: _position("values", i, shape)  # noqa: E731
+    return (values.reshape(-1), None if weights is None else weights.reshape(-1), None, shape[1], shape[0], 2,
+            namer)
+
+
+def _position(name: str, flat: int, shape) -> str:
+    return f"{name}[{', '.join(str(int(i)) for i in np.unravel_index(flat, shape))}]"
+
+
+def _sparse_plan(values: SparseTensor, weights, axis: int):
+    t = as_coo(values)
+    if t.dense_ndim:
+        raise UnimplementedError("bincount does not take hybrid sparse values (dense dimensions in "
+                                 "the values)", reason="UNSUPPORTED_HYBRID")
+    w = None
+    if weights is not None:
+        if not isinstance(weights, SparseTensor):
+            raise InvalidArgumentError("values is sparse, so weights must be a sparse tensor with "
+                                       "values' indices and shape", reason="SHAPE_MISMATCH")
+        w = as_coo(weights)
+        if (tuple(w.dense_shape) != tuple(t.dense_shape) or w.dense_ndim
+                or not np.array_equal(w.indices, t.indices)):
+            raise InvalidArgumentError("weights must have the same dense_shape and indices as values "
+                                       "(entry by entry, in the same order)", reason="SHAPE_MISMATCH")
+        w = w.values
+    namer = lambda i: f"values.values[{i}]"  # noqa: E731
+    if axis == 0 or t.ndim == 1:
+        return t.values, w, None, 0, 1, 1, namer
+    return t.values, w, t.indices[:, 0], 0, int(t.dense_shape[0]), 2, namer
+
+
+def _bincount_bytes(values, weights=None, axis=0, binary_output=False, **_) -> int:
+    n = values.nnz if isinstance(values, SparseTensor) else values.size
+    rank = 2 if axis == -1 and values.ndim >= 2 else 1
+    return int(n) * (8 * rank + 8)  # at most one output entry per value
+
+
+@REGISTRY.op(
+    "bincount",
+    doc="""Counts the integer values of a tensor per value, as a sparse tensor (tf.sparse.bincount).
+values: int32 or int64, dense or sparse (COO; CSR, CSC, BSR and BSC are read as COO; stored
+entries only); every value must be >= 0. axis=0 counts every value into one vector of bins;
+axis=-1 counts per row: dense values of rank 2 give [rows, bins], sparse values of rank >= 2 are
+batched by their first index; rank-1 values count as with axis 0. With weights (dense values: the
+same shape, or with axis 0 the same size; sparse values: a sparse tensor with the same indices)
+each bin holds the sum of its values' weights (int32, int64, float32 or float64; the result takes
+that dtype), added in input order; otherwise counts in values' dtype, or 1 per reached bin with
+binary_output (exclusive with weights). bins: maxlength when given (>= 0; values at or above it
+are dropped), else max(largest value + 1, minlength, 1). Negative minlength/maxlength count as
+not given. The output is coalesced COO, entries sorted by (row, value); bins no value reaches are
+not stored.""",
+    args=[Arg("values", TENSOR, "int32/int64 values to count (dense or sparse).", layouts=BINCOUNT_LAYOUTS),
+          Arg("weights", TENSOR, "Optional weights, one per value (sparse with values' indices when "
+              "values is sparse).", default=None, layouts=BINCOUNT_LAYOUTS),
+          Arg("axis", INT, "0 (count every value) or -1 (count per row).", default=0),
+          Arg("minlength", OPTIONAL_INT, "At least this many bins.", default=None),
+          Arg("maxlength", OPTIONAL_INT, "Exactly this many bins; larger values are dropped.", default=None),
+          Arg("binary_output", BOOL, "1 for each reached bin instead of counts.", default=False)],
+    outputs=[Output("output", "sparse", "Coalesced COO: [bins] or [rows, bins].")],
+    result_bytes=_bincount_bytes,
+)
+def bincount(values, weights=None, axis: int = 0, minlength=None, maxlength=None, binary_output: bool = False):
+    flat, w, batch, row_len, n_batch, rank, namer = _bincount_plan(values, weights, axis, binary_output)
+    maxlength = -1 if maxlength is None or maxlength < 0 else int(maxlength)
+    minlength = -1 if minlength is None or minlength < 0 else int(minlength)
+    flat64 = np.ascontiguousarray(flat, dtype=np.int64)
+    bad, top, kept = sk.bincount_scan_values(flat64, maxlength)
+    if bad >= 0:
+        raise InvalidArgumentError(f"{namer(bad)} = {int(flat64[bad])} is negative; bincount counts "
+                                   "values >= 0", reason="VALUE_OUT_OF_RANGE")
+    if maxlength >= 0:
+        size = maxlength
+    else:
+        if top == INT64_MAX:
+            raise InvalidArgumentError(f"values holds {top}, so the bins (largest value + 1) would not fit "
+                                       "int64; pass maxlength", reason="SHAPE_OVERFLOW")
+        size = max(top + 1, minlength)
+    if size > INT64_MAX:
+        raise InvalidArgumentError(f"{size} bins (minlength or maxlength) do not fit int64",
+                                   reason="SHAPE_OVERFLOW")
+    if rank == 2 and size and n_batch > INT64_MAX // size:
+        raise InvalidArgumentError(f"the output shape [{n_batch}, {size}] has more elements than int64 holds",
+                                   reason="SHAPE_OVERFLOW")
+    if w is not None:
+        w = np.ascontiguousarray(w, dtype=w.dtype.newbyteorder("="))
+    keys, sums = sk.bincount(flat64, None if batch is None else np.ascontiguousarray(batch, dtype=np.int64),
+                             row_len, size, n_batch, maxlength, w, binary_output, kept)
+    out_dtype = w.dtype if w is not None else np.dtype(values.dtype).newbyteorder("=")
+    if rank == 1:
+        indices, shape = keys[:, None], [size]
+    elif keys.size:
+        indices, shape = np.stack([keys // size, keys % size], axis=1), [n_batch, size]
+    else:
+        indices, shape = np.zeros((0, 2), np.int64), [n_batch, size]
+    return SparseTensor(indices=indices, values=sums.astype(out_dtype, copy=False), dense_shape=shape,
+                        coalesced=True)
