@@ -136,8 +136,9 @@ def assert_same(got: SparseTensor, want: SparseTensor, *, rtol: float = 1e-6, at
     assert tuple(got.dense_shape) == tuple(want.dense_shape), \
         f"{what}: dense_shape {list(got.dense_shape)} != {list(want.dense_shape)}"
     if got.layout == "coo":
-        np.testing.assert_array_equal(np.asarray(got.indices).reshape(got.nnz, -1),
-                                      np.asarray(want.indices).reshape(want.nnz, -1), err_msg=f"{what}.indices")
+        np.testing.assert_array_equal(np.asarray(got.indices).reshape(got.nnz, got.sparse_ndim),
+                                      np.asarray(want.indices).reshape(want.nnz, want.sparse_ndim),
+                                      err_msg=f"{what}.indices")
     else:
         for name in ("compressed_indices", "plain_indices"):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=f"{what}.{name}")
