@@ -128,32 +128,62 @@ def divide(values: np.ndarray, operand: np.ndarray, dtype: np.dtype) -> np.ndarr
         return q
 
 
-def block_magnitude(values2d: np.ndarray) -> np.ndarray:
-    """Largest magnitude per row of ``[n, inner]`` values (NaN where a row holds NaN), float64."""
-    n = values2d.shape[0]
-    if values2d.shape[1] == 0:
-        return np.zeros(n)
-    if values2d.dtype == np.bool_:
-        mag = values2d.astype(np.float64)
-    else:
-        with np.errstate(all="ignore"):
-            mag = np.abs(values2d).astype(np.float64, copy=False)
-    return np.max(mag, axis=1)  # NaN propagates
+# Sides of a merged entry (``merge_kernel``).
+A_ONLY, B_ONLY, BOTH = 0, 1, 2
 
 
-def add_sparse(a_indices, a_values, b_indices, b_values, dense_shape, dtype: np.dtype,
-               threshold: float):
-    """The coalesced sum of two COO tensors of one shape, values in ``dtype``, entries whose
-    largest magnitude is below ``threshold`` dropped (NaN is never below)."""
-    indices = np.concatenate([a_indices, b_indices]).astype(np.int64, copy=False)
-    values = np.concatenate([a_values.astype(dtype, copy=False), b_values.astype(dtype, copy=False)])
-    out_indices, out_values = coalesce(indices, values, dense_shape)
-    if threshold > 0 and out_indices.shape[0]:
-        mag = block_magnitude(out_values.reshape(out_indices.shape[0], -1))
-        keep = ~(mag < threshold)
-        if not keep.all():
-            out_indices, out_values = out_indices[keep], out_values[keep]
-    return out_indices, out_values
+@njit(nogil=True, cache=True)
+def merge_kernel(a, b):
+    """TensorFlow's SparseAdd merge of two COO index arrays as given (no sort, no coalesce):
+    one pass comparing a[i] and b[j] row-major; the smaller is taken alone, equal ones are
+    paired, and the leftovers of either follow. Returns (side, ia, ib) per output entry
+    (-1 where that side has none). One signature: two read-only int64 2-D arrays."""
+    na, nb = a.shape[0], b.shape[0]
+    s = a.shape[1]
+    side = np.empty(na + nb, np.int8)
+    ia = np.full(na + nb, -1, np.int64)
+    ib = np.full(na + nb, -1, np.int64)
+    i = j = n = 0
+    while i < na and j < nb:
+        c = 0
+        for k in range(s):
+            if a[i, k] != b[j, k]:
+                c = -1 if a[i, k] < b[j, k] else 1
+                break
+        if c < 0:
+            side[n] = 0
+            ia[n] = i
+            i += 1
+        elif c > 0:
+            side[n] = 1
+            ib[n] = j
+            j += 1
+        else:
+            side[n] = 2
+            ia[n] = i
+            ib[n] = j
+            i += 1
+            j += 1
+        n += 1
+    while i < na:
+        side[n] = 0
+        ia[n] = i
+        i += 1
+        n += 1
+    while j < nb:
+        side[n] = 1
+        ib[n] = j
+        j += 1
+        n += 1
+    return side[:n], ia[:n], ib[:n]
+
+
+def merge(a_indices: np.ndarray, b_indices: np.ndarray):
+    """(side, ia, ib) of ``merge_kernel`` for two COO index arrays of one sparse rank."""
+    from ._sort import frozen
+
+    return merge_kernel(frozen(np.ascontiguousarray(a_indices, dtype=np.int64)),
+                        frozen(np.ascontiguousarray(b_indices, dtype=np.int64)))
 
 
 def add_dense(indices, values, dense_shape, dense: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -182,6 +212,7 @@ def warm_up() -> None:
     indices = frozen(np.array([[1, 0], [0, 1]], dtype=np.int64))
     broadcast_keys_kernel(indices, np.array([2, 1], dtype=np.int64))
     gather_operand(indices, frozen(np.arange(4.0).reshape(2, 2)), 2)
+    merge(indices, indices)
     big = frozen(np.zeros((PARALLEL_MIN, 2), np.int64))
     for name in FUSED_MUL_DTYPES:
         multiply_stored(big, frozen(np.ones(PARALLEL_MIN, name)), frozen(np.ones((2, 2), name)), 2)

@@ -119,6 +119,16 @@ class ArrayBackend:
     def on_gpu(self) -> bool:
         return self.xp is not np
 
+    @property
+    def special(self):
+        """scipy.special's functions over ``xp``: cupyx.scipy.special on a GPU, scipy.special
+        for the stand-in."""
+        if self.on_gpu:
+            import cupyx.scipy.special as special
+        else:
+            import scipy.special as special
+        return special
+
     # ------------------------------------------------------------ arrays
     def scatter_add(self, out, index, values) -> None:
         """out[index] += values with repeated indices summed (numpy's add.at, cupyx's scatter_add).

@@ -455,7 +455,8 @@ def test_reductions_fall_back_for_what_the_gpu_cannot_do(calls):
 
 
 # ------------------------------------------------------------------ element-wise
-BROADCASTS = [lambda shape: shape, lambda shape: shape[-1:], lambda shape: (1,) * len(shape),
+# (A 1 does not broadcast to an empty dimension, as in TensorFlow's SparseDenseCwise ops.)
+BROADCASTS = [lambda shape: shape, lambda shape: shape[-1:], lambda shape: tuple(1 if d else 0 for d in shape),
               lambda shape: (shape[0], 1) + tuple(shape[2:]), lambda shape: ()]
 
 
@@ -474,8 +475,7 @@ def test_mul_and_div(calls, dtypes):
             kind = np.result_type(sp_dtype, dense_dtype).kind
             if kind == "b" or kind == "c":
                 continue
-            if kind in "iu":
-                dense = np.where(dense == 0, np.ones((), dense.dtype), dense)
+            dense = np.where(dense == 0, np.ones((), dense.dtype), dense)  # zero divisors are refused
             calls.same("div", sp_input=t, dense=dense)
 
 
@@ -484,8 +484,9 @@ def test_div_truncates_wraps_and_follows_ieee(calls):
     out = calls.same("div", sp_input=t, dense=np.array([2, -2, -1, 3, 0], np.int8))  # 0 where nothing is stored
     assert out.values.tolist() == [-3, -3, -128, 1]
     f = SparseTensor(indices=[[0], [1], [2]], values=[1.0, -1.0, 0.0], dense_shape=[3])
-    out = calls.same("div", sp_input=f, dense=np.array([0.0, 0.0, 0.0]))
-    assert out.values[0] == np.inf and out.values[1] == -np.inf and np.isnan(out.values[2])
+    out = calls.same("div", sp_input=f, dense=np.array([0.5, np.inf, np.nan]))
+    assert out.values[0] == 2.0 and out.values[1] == -0.0 and np.isnan(out.values[2])
+    calls.falls_back("div", "division_by_zero", sp_input=f, dense=np.array([1.0, -0.0, 1.0]))  # refused
     out = calls.same("mul", sp_input=f, dense=np.array([np.inf, 2.0, np.nan]))
     assert out.values[0] == np.inf and np.isnan(out.values[2])
 
@@ -525,8 +526,7 @@ def test_map_values(calls, dtype):
     for fn in MAP_FNS:
         name = {"negative": "neg", "rint": "round"}.get(fn, fn)
         kind = np.dtype(dtype).kind
-        cpu_refuses = (kind == "b" and name not in ("abs", "sign", "square", "conj", "ceil", "floor", "round",
-                                                    "trunc")) or \
+        cpu_refuses = (kind == "b" and name == "neg") or \
             (kind == "c" and name in ("ceil", "floor", "round", "trunc", "deg2rad", "rad2deg"))
         if cpu_refuses:
             calls.falls_back("map_values", "argument", sp_input=t, fn=fn)
@@ -537,19 +537,56 @@ def test_map_values(calls, dtype):
     calls.falls_back("map_values", "argument", sp_input=t, fn="cos")  # an error naming to_dense
 
 
+TORCH_MAP_FNS = ("sgn", "signbit", "isnan", "isinf", "isposinf", "isneginf", "erf", "erfinv", "angle", "frac",
+                 "relu", "positive", "nan_to_num", "conj_physical")
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint16", "int64", "float16", "float32", "float64", "complex64"])
+def test_map_values_torch_functions(calls, dtype):
+    rng = np.random.default_rng(21)
+    t = coo(rng, (5, 6, 2), 12, dtype, 2)
+    kind = np.dtype(dtype).kind
+    if kind in "fc":
+        special = np.array([[np.nan, -0.0], [np.inf, -np.inf], [0.5, -0.75]]).astype(dtype)
+        t = SparseTensor(indices=t.indices, values=np.concatenate([t.values[:-3], special]).astype(dtype),
+                         dense_shape=t.dense_shape)
+    for fn in TORCH_MAP_FNS:
+        refused = (kind == "c" and fn in ("signbit", "isposinf", "isneginf", "erf", "erfinv", "frac", "relu")) or \
+            (kind == "b" and fn == "frac")
+        if refused:
+            calls.falls_back("map_values", "argument", sp_input=t, fn=fn)
+        elif kind == "c" and fn in ("sgn", "angle"):
+            calls.falls_back("map_values", "dtype", sp_input=t, fn=fn)
+        else:
+            calls.same("map_values", sp_input=t, fn=fn)
+    for exponent in (1.0, 2.0, 2.5, 3.0):
+        if kind == "c":
+            calls.falls_back("map_values", "dtype", sp_input=t, fn="pow", exponent=exponent)
+        else:
+            calls.same("map_values", sp_input=t, fn="pow", exponent=exponent)
+    calls.falls_back("map_values", "argument", sp_input=t, fn="pow", exponent=-1.0)
+    calls.falls_back("map_values", "argument", sp_input=t, fn="pow")
+    calls.falls_back("map_values", "argument", sp_input=t, fn="abs", exponent=2.0)
+
+
 @pytest.mark.parametrize("dtypes", [("float64", "float64"), ("float32", "float64"), ("int8", "int8"),
                                     ("bool", "bool"), ("uint32", "int16"), ("complex64", "complex64"),
                                     ("float16", "float16")])
 def test_add(calls, dtypes):
     rng = np.random.default_rng(20)
     for shape, s in [((5, 4), 2), ((3, 4, 2), 2), ((3, 4, 2), 3), ((0, 4), 2)]:
-        a, b = coo(rng, shape, 12, dtypes[0], s), coo(rng, shape, 9, dtypes[1], s)
+        # TensorFlow's merge: the GPU takes operands sorted with unique indices, others fall back.
+        a, b = (coo(rng, shape, 12, dtypes[0], s, unique=True, ordered=True),
+                coo(rng, shape, 9, dtypes[1], s, unique=True, ordered=True))
         calls.same("add", a=a, b=b)
         calls.same("add", a=b, b=a)
         complex_sum = np.result_type(*dtypes).kind == "c"
         if not complex_sum:
             calls.same("add", a=a, b=b, threshold=1.0)
             calls.same("add", a=a, b=b, threshold=2.5)
+        unordered = coo(rng, shape, 12, dtypes[0], s)
+        if unordered.nnz > 1:
+            calls.falls_back("add", "unordered", a=unordered, b=b)
         dense = values_of(rng, shape, dtypes[1])
         calls.same("add", a=a, b=dense)
         calls.same("add", a=dense, b=a)
@@ -565,6 +602,10 @@ def test_add_keeps_cancellation_zeros_and_falls_back(calls):
     calls.falls_back("add", "shape", a=a, b=SparseTensor(indices=[[0]], values=[1.0], dense_shape=[2]))
     calls.falls_back("add", "argument", a=a, b=a, threshold=-1.0)  # an error
     calls.falls_back("add", "argument", a=np.ones((2, 2)), b=np.ones((2, 2)))  # an error
+    csr = REGISTRY.get("convert").run("cpu", {"sp_input": a, "layout": "csr", "blocksize": None,
+                                              "dense_dim": None})[0]
+    calls.falls_back("add", "layout", a=csr, b=csr)  # compressed operands run on the CPU
+    calls.falls_back("add", "layout", a=csr, b=np.ones((2, 2)))
 
 
 # ------------------------------------------------------------------ coverage of the registry

@@ -286,7 +286,8 @@ def test_concat_matches_reference(case):
         parts.append(np.pad(dense, pad))
     np.testing.assert_array_equal(reference_dense(out), np.concatenate(parts, axis=ax))
     assert out.nnz == sum(t.nnz for t in tensors)
-    assert np.all(np.diff(keys_of(out)) >= 0)  # row-major
+    if len(tensors) > 1:  # one input comes back as it is, as from tf.sparse.concat
+        assert np.all(np.diff(keys_of(out)) >= 0)  # row-major
 
 
 def test_concat_is_stable_with_duplicates_and_unsorted_input():
@@ -345,7 +346,7 @@ def test_fill_empty_rows_matches_reference(t):
     block = t.dense_shape[t.sparse_ndim:]
     entries += [((r,) + (0,) * (t.sparse_ndim - 1), np.full(block, default, t.dtype))
                 for r in np.flatnonzero(ref_empty)]
-    entries.sort(key=lambda e: e[0])  # stable: input order kept among equal indices
+    entries.sort(key=lambda e: e[0][0])  # by row only, stable: a row keeps its input order (TensorFlow's)
     assert out.dense_shape == t.dense_shape and out.dtype == t.dtype
     assert out.indices.tolist() == [list(e[0]) for e in entries]
     np.testing.assert_array_equal(out.values, np.array([e[1] for e in entries], t.dtype).reshape(

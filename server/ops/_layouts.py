@@ -18,7 +18,9 @@ from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.kernels import compressed as ck
 from sparseserve.kernels._sort import frozen, gather_rows
 
-__all__ = ["SPARSE_LAYOUTS", "as_coo", "as_csr", "convert_layout", "BatchNseError"]
+__all__ = ["SPARSE_LAYOUTS", "as_coo", "as_csr", "convert_layout", "BatchNseError", "view_sparse_ndim",
+           "view_nnz", "entry_indices", "entry_values", "with_entry_values", "first_noncanonical",
+           "sort_segments", "like", "keep_entries", "coo_view"]
 
 SPARSE_LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
 ROW_MAJOR = ("csr", "bsr")
@@ -280,3 +282,157 @@ def convert_layout(t: SparseTensor, layout: str, blocksize=None, dense_dim: int 
     else:
         out = _to_bsr(coo, blocksize, index_dtype)
     return out if layout in ROW_MAJOR else transpose_compressed(out)
+
+
+# ------------------------------------------------------------------ ops on any layout
+# Ops declared for every sparse layout use these. Value-only ops (with_values, map_values,
+# mul/div by a dense operand, retain) work on the stored entries in storage order, so a
+# compressed tensor keeps its structure; ops that move entries run on the COO view and
+# convert back (``like``).
+def coo_view(t: SparseTensor) -> SparseTensor:
+    """``as_coo(t)`` with read-only arrays, as the wires' are (one numba signature per kernel)."""
+    v = as_coo(t)
+    if v is t:
+        return t
+    return SparseTensor(indices=frozen(v.indices), values=frozen(v.values), dense_shape=v.dense_shape,
+                        coalesced=v.coalesced)
+
+
+def view_sparse_ndim(t: SparseTensor) -> int:
+    """Sparse dimensions of ``t``'s COO view (a compressed tensor's batch dims count)."""
+    return t.sparse_ndim if t.layout == "coo" else t.batch_ndim + 2
+
+
+def view_nnz(t: SparseTensor) -> int:
+    """Entries of ``t``'s COO view: every element of a stored block is one."""
+    if t.layout == "coo":
+        return t.nnz
+    br, bc = _block(t)
+    return _n_batch(t) * t.nnz * br * bc
+
+
+def _segments(t: SparseTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(batch, segment, plain) int64 of each stored entry of a compressed tensor, in storage
+    order. Validation guarantees each batch's compressed indices run from 0 to nse."""
+    ci, pi = _indices_2d(t)
+    n_batch, nse = pi.shape
+    counts = np.diff(ci.astype(np.int64, copy=False), axis=1)
+    n_seg = counts.shape[1]
+    segment = np.repeat(np.tile(np.arange(n_seg, dtype=np.int64), n_batch), counts.reshape(-1))
+    batch = np.repeat(np.arange(n_batch, dtype=np.int64), nse)
+    return batch, segment, pi.reshape(-1).astype(np.int64, copy=False)
+
+
+def entry_indices(t: SparseTensor) -> np.ndarray:
+    """int64 ``[view_nnz(t), view_sparse_ndim(t)]``: the full index of every stored element in
+    the order of ``t.values`` (a COO tensor's own indices; for a compressed one batch, entry,
+    then the element's place in its block)."""
+    if t.layout == "coo":
+        return t.indices
+    nb = t.batch_ndim
+    br, bc = _block(t)
+    batch, segment, plain = _segments(t)
+    major, minor = (segment, plain) if t.layout in ROW_MAJOR else (plain, segment)
+    n = batch.size
+    rows = (major[:, None, None] * br + np.arange(br)[None, :, None])
+    cols = (minor[:, None, None] * bc + np.arange(bc)[None, None, :])
+    out = np.empty((n, br, bc, nb + 2), np.int64)
+    if nb:
+        coords = np.unravel_index(batch, t.dense_shape[:nb])
+        for j, c in enumerate(coords):
+            out[..., j] = c[:, None, None]
+    out[..., nb] = rows
+    out[..., nb + 1] = cols
+    return frozen(out.reshape(n * br * bc, nb + 2))
+
+
+def entry_values(t: SparseTensor) -> np.ndarray:
+    """``t.values`` as ``[view_nnz(t), *dense dims]``, in storage order (a view)."""
+    if t.layout == "coo":
+        return t.values
+    return t.values.reshape(view_nnz(t), *_dense_dims(t))
+
+
+def with_entry_values(t: SparseTensor, values: np.ndarray) -> SparseTensor:
+    """``t``'s structure (indices, shape, blocksize, coalesced flag) with new values, given in
+    ``t.values``'s shape or as ``[view_nnz(t), *dense dims]``."""
+    if t.layout == "coo":
+        return SparseTensor(indices=t.indices, values=values, dense_shape=t.dense_shape,
+                            coalesced=t.coalesced)
+    lead = t.values.shape[:t.values.ndim - t.dense_ndim]
+    return SparseTensor(layout=t.layout, compressed_indices=t.compressed_indices,
+                        plain_indices=t.plain_indices,
+                        values=values.reshape(*lead, *values.shape[values.ndim - t.dense_ndim:]),
+                        dense_shape=t.dense_shape, blocksize=t.blocksize, coalesced=t.coalesced)
+
+
+def keep_entries(t: SparseTensor, keep: np.ndarray) -> SparseTensor:
+    """A compressed tensor with only the stored entries (blocks) where ``keep`` ([*batch, nse]
+    bool, storage order) is true, their order kept; layout, blocksize and index dtype kept.
+    Raises ``BatchNseError`` when the batches would keep different numbers of entries."""
+    n_batch, nse = _n_batch(t), t.nnz
+    keep2 = np.asarray(keep, bool).reshape(n_batch, nse)
+    kept = keep2.sum(axis=1)
+    if kept.size > 1 and np.any(kept != kept[0]):
+        raise BatchNseError(kept, "stored blocks" if t.layout in BLOCK_LAYOUTS else "stored entries")
+    ci, pi = _indices_2d(t)
+    n_seg = ci.shape[1] - 1
+    batch, segment, _ = _segments(t)
+    flat = keep2.reshape(-1)
+    counts = np.bincount(batch[flat] * n_seg + segment[flat], minlength=n_batch * n_seg)
+    ci_out = np.zeros((n_batch, n_seg + 1), ci.dtype)
+    np.cumsum(counts.reshape(n_batch, n_seg), axis=1, out=ci_out[:, 1:])
+    per_batch = int(kept[0]) if kept.size else 0
+    pi_out = pi[keep2].reshape(n_batch, per_batch)
+    values = t.values.reshape(n_batch * nse, *t.values.shape[t.batch_ndim + 1:])[flat]
+    return _compressed(t.layout, ci_out, pi_out, values, t.dense_shape, t.dense_shape[:t.batch_ndim],
+                       t.blocksize)
+
+
+def first_noncanonical(t: SparseTensor) -> tuple[tuple[int, ...], bool] | None:
+    """Where a compressed tensor is not canonical: the position in ``plain_indices`` of the
+    first entry whose plain index does not exceed its predecessor's in the same segment, and
+    whether it repeats it (else it is out of order). None when every segment strictly
+    increases (sorted, unique: a coalesced tensor)."""
+    if t.nnz < 2:
+        return None
+    batch, segment, plain = _segments(t)
+    same = (segment[1:] == segment[:-1]) & (batch[1:] == batch[:-1])
+    bad = same & (plain[1:] <= plain[:-1])
+    if not bad.any():
+        return None
+    k = int(np.argmax(bad)) + 1
+    position = tuple(int(i) for i in np.unravel_index(k, t.plain_indices.shape))
+    return position, bool(plain[k] == plain[k - 1])
+
+
+def sort_segments(t: SparseTensor) -> SparseTensor:
+    """A compressed tensor with each segment's plain indices ascending, repeats kept in their
+    order (two stable counting sorts); ``t`` itself when already so."""
+    return transpose_compressed(transpose_compressed(t)) if _unsorted(t) else t
+
+
+def _unsorted(t: SparseTensor) -> bool:
+    batch, segment, plain = _segments(t)
+    same = (segment[1:] == segment[:-1]) & (batch[1:] == batch[:-1])
+    return bool((same & (plain[1:] < plain[:-1])).any())
+
+
+def _cast_indices(t: SparseTensor, dtype) -> SparseTensor:
+    dtype = _index_dtype(dtype, t.nnz, *t.dense_shape[t.batch_ndim:t.batch_ndim + 2])
+    if t.compressed_indices.dtype == dtype and t.plain_indices.dtype == dtype:
+        return t
+    return SparseTensor(layout=t.layout, compressed_indices=t.compressed_indices.astype(dtype),
+                        plain_indices=t.plain_indices.astype(dtype), values=t.values,
+                        dense_shape=t.dense_shape, blocksize=t.blocksize, coalesced=t.coalesced)
+
+
+def like(coo: SparseTensor, t: SparseTensor) -> SparseTensor:
+    """A COO result in the layout of the input ``t``: COO as it is; compressed with ``t``'s
+    blocksize and index dtype (int64 where int32 cannot hold the result), as many leading
+    batch dimensions as the result has sparse dimensions beyond two, and every dense dimension
+    kept. Raises ``BatchNseError`` when its batches would hold different numbers of entries."""
+    if t.layout == "coo":
+        return coo
+    out = convert_layout(coo, t.layout, t.blocksize)
+    return _cast_indices(out, t.compressed_indices.dtype)

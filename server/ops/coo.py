@@ -15,19 +15,39 @@ from ..partition import Rowwise
 from ..registry import REGISTRY, Arg, Output
 from . import _gpu
 from ._common import cast_scalar, check_ordered, coo
+from ._layouts import SPARSE_LAYOUTS, BatchNseError, coo_view, coalesced_coo, first_noncanonical, like, sort_segments
 
-SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
+SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (any sparse layout).", layouts=SPARSE_LAYOUTS)
+
+
+def _canonical_or_raise(t: SparseTensor, remedy: str) -> bool:
+    """validate_indices for a compressed tensor: each segment's plain indices strictly increase
+    (the compressed form of sorted and unique), or INVALID_ARGUMENT naming the entry."""
+    bad = first_noncanonical(t)
+    if bad is None:
+        return True
+    position, repeated = bad
+    where = f"sp_input.plain_indices[{', '.join(map(str, position))}] = {int(t.plain_indices[position])}"
+    segment = "row" if t.layout in ("csr", "bsr") else "column"
+    if repeated:
+        raise InvalidArgumentError(f"{where} is repeated in its {segment}", reason="INDICES_REPEATED")
+    raise InvalidArgumentError(f"{where} is out of order in its {segment}; {remedy} or pass "
+                               "validate_indices=false", reason="INDICES_UNSORTED")
 
 
 @REGISTRY.op(
     "reorder",
     doc="""Reorders a sparse tensor into the canonical row-major order (tf.sparse.reorder).
-Duplicates are kept, in their original relative order; values and shape are unchanged.""",
+Duplicates are kept, in their original relative order; values and shape are unchanged.
+CSR, CSC, BSR, BSC: the result keeps the layout, with each row's (column's) plain indices
+ascending (repeats kept in order); a tensor already so is returned as it is.""",
     args=[SP_INPUT],
     outputs=[Output("output", "sparse", "The same entries in row-major order.")],
     batchable=True,
 )
 def reorder(sp_input: SparseTensor) -> SparseTensor:
+    if sp_input.layout != "coo":
+        return sort_segments(sp_input)
     indices, values = kernels.reorder(sp_input.indices, sp_input.values, sp_input.dense_shape)
     return coo(indices, values, sp_input, coalesced=False)
 
@@ -35,6 +55,8 @@ def reorder(sp_input: SparseTensor) -> SparseTensor:
 # GPU kernels of the COO basics: every dtype (values move by gathers; sums go through
 # ``arrays.segment_sum``, which has a work form for each SPEC dtype).
 def _coo_on_gpu(sp_input, **_) -> str | None:
+    if sp_input.layout != "coo":
+        return "layout"
     return None if _gpu.native(sp_input) else "dtype"
 
 
@@ -48,12 +70,23 @@ def reorder_gpu(be, sp_input: SparseTensor) -> SparseTensor:
 @REGISTRY.op(
     "coalesce",
     doc="""Sorts the entries row-major and sums the values of repeated indices (torch's coalesce).
-Booleans combine with logical or; integers wrap as numpy's do.""",
+Booleans combine with logical or; integers wrap as numpy's do.
+CSR, CSC, BSR, BSC: the result keeps the layout, blocksize and index dtype, each row's (column's)
+plain indices strictly ascending, repeated ones (repeated blocks) summed; a tensor already so is
+returned as it is. A batched tensor whose batches would then hold different numbers of entries is
+INVALID_ARGUMENT (BATCH_NSE_MISMATCH).""",
     args=[SP_INPUT],
     outputs=[Output("output", "sparse", "Unique indices, sorted, with summed values.")],
     batchable=True,
 )
 def coalesce(sp_input: SparseTensor) -> SparseTensor:
+    if sp_input.layout != "coo":
+        if first_noncanonical(sp_input) is None:
+            return sp_input
+        try:
+            return like(coalesced_coo(sp_input), sp_input)
+        except BatchNseError as exc:
+            raise InvalidArgumentError(f"coalesce of sp_input: {exc}", reason="BATCH_NSE_MISMATCH") from None
     indices, values = kernels.coalesce(sp_input.indices, sp_input.values, sp_input.dense_shape)
     return coo(indices, values, sp_input, coalesced=True)
 
@@ -74,7 +107,11 @@ def _dense_bytes(sp_input: SparseTensor, **_) -> int:
     "to_dense",
     doc="""Converts a sparse tensor to a dense one (tf.sparse.to_dense).
 Unstored positions take default_value. With validate_indices, indices must be sorted row-major
-and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed.""",
+and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed (SPEC, as torch's
+to_dense; TensorFlow's kernel, which documents repeats as unsupported, keeps the last one written).
+CSR, CSC, BSR, BSC (batch and dense dimensions too, as torch's to_dense): with validate_indices
+each row's (column's) plain indices must strictly increase; every element of a stored block is
+stored (its zeros stay zero whatever default_value).""",
     args=[SP_INPUT,
           Arg("default_value", SCALAR, "The value of unstored positions, cast to the values' dtype.",
               default=0),
@@ -84,6 +121,11 @@ and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed
 )
 def to_dense(sp_input: SparseTensor, default_value=0, validate_indices: bool = True) -> np.ndarray:
     default = cast_scalar(default_value, sp_input.dtype, "default_value")
+    if sp_input.layout != "coo":
+        if validate_indices:
+            _canonical_or_raise(sp_input, "coalesce the tensor first")
+        view = coo_view(sp_input)  # row-major, and unique when validated
+        return kernels.to_dense(view.indices, view.values, view.dense_shape, default, validate_indices)
     if validate_indices:
         check_ordered(sp_input.indices, sp_input.dense_shape, "sp_input.indices", "reorder the tensor first")
     return kernels.to_dense(sp_input.indices, sp_input.values, sp_input.dense_shape, default,
@@ -91,6 +133,8 @@ def to_dense(sp_input: SparseTensor, default_value=0, validate_indices: bool = T
 
 
 def _to_dense_on_gpu(sp_input, default_value=0, validate_indices=True, **_) -> str | None:
+    if sp_input.layout != "coo":
+        return "layout"
     if not _gpu.native(sp_input):
         return "dtype"
     return "argument" if _gpu.refused(cast_scalar, default_value, sp_input.dtype, "default_value") else None

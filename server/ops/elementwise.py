@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from sparseserve import kernels
 from sparseserve._tensor import SparseTensor
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import arrays as ka
@@ -24,13 +25,21 @@ from ..device import Fallback
 from ..partition import Rowwise
 from ..registry import REGISTRY, Arg, Output
 from . import _gpu
+from ._layouts import (SPARSE_LAYOUTS, BatchNseError, coo_view, entry_indices, entry_values, keep_entries,
+                       like, view_nnz, view_sparse_ndim, with_entry_values)
 
-SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
+SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (any sparse layout).", layouts=SPARSE_LAYOUTS)
+
+# How the ops here take the compressed layouts (CSR, CSC, BSR, BSC, batch and dense dims too).
+_LAYOUTS_DOC = """
+CSR, CSC, BSR, BSC: the result keeps the input's layout and structure (indices, blocksize), as
+torch's do; "stored entries" are the values array's in storage order (every element of a stored
+block is one)."""
 
 
 def _same_structure(sp_input: SparseTensor, values: np.ndarray) -> SparseTensor:
-    return SparseTensor(indices=sp_input.indices, values=values, dense_shape=sp_input.dense_shape,
-                        coalesced=sp_input.coalesced)
+    """``sp_input``'s structure, in its layout, with new values (its values' shape)."""
+    return with_entry_values(sp_input, values)
 
 
 def _shape(shape) -> list[int]:
@@ -42,13 +51,15 @@ def _shape(shape) -> list[int]:
     "with_values",
     doc="""Returns sp_input with its values replaced by new_values (tf.SparseTensor.with_values).
 Indices and dense_shape are unchanged; new_values must have exactly the shape of sp_input.values,
-[nnz, *dense_shape[sparse_ndim:]], and may have any dtype (the result takes it).""",
+[nnz, *dense_shape[sparse_ndim:]], and may have any dtype (the result takes it).
+CSR, CSC, BSR, BSC: new_values has the shape of sp_input.values ([*batch, nse, *blocksize, *dense
+dims]), in storage order (torch's values()); the layout and structure are kept.""",
     args=[SP_INPUT,
           Arg("new_values", DENSE, "The new values, shape [nnz, *dense dims].", layouts=("dense",))],
     outputs=[Output("output", "sparse", "Same indices and shape, new values.")],
 )
 def with_values(sp_input: SparseTensor, new_values: np.ndarray) -> SparseTensor:
-    want = (sp_input.nnz, *sp_input.dense_shape[sp_input.sparse_ndim:])
+    want = tuple(sp_input.values.shape)
     if tuple(new_values.shape) != want:
         raise InvalidArgumentError(
             f"new_values has shape {_shape(new_values.shape)}, but sp_input.values has shape "
@@ -57,6 +68,8 @@ def with_values(sp_input: SparseTensor, new_values: np.ndarray) -> SparseTensor:
 
 
 def _with_values_on_gpu(sp_input, new_values, **_) -> str | None:
+    if sp_input.layout != "coo":
+        return "layout"
     want = (sp_input.nnz, *sp_input.dense_shape[sp_input.sparse_ndim:])
     if tuple(new_values.shape) != want:
         return "shape"
@@ -74,7 +87,10 @@ def with_values_gpu(be, sp_input: SparseTensor, new_values) -> SparseTensor:
     "retain",
     doc="""Keeps the entries of sp_input where to_retain is true (tf.sparse.retain).
 to_retain is a bool vector with one element per stored entry (length nnz); the kept entries keep
-their order, so a coalesced input stays coalesced. The shape is unchanged.""",
+their order, so a coalesced input stays coalesced. The shape is unchanged.
+CSR, CSC, BSR, BSC: to_retain has one flag per stored entry (block) in storage order (torch's
+values()), shape [*batch, nse]; the result keeps the layout, blocksize and index dtype. Every
+batch must keep the same number of entries (INVALID_ARGUMENT, BATCH_NSE_MISMATCH, otherwise).""",
     args=[SP_INPUT,
           Arg("to_retain", DENSE, "bool [nnz]: which entries to keep.", layouts=("dense",))],
     outputs=[Output("output", "sparse", "The retained entries, same dense_shape.")],
@@ -83,6 +99,17 @@ def retain(sp_input: SparseTensor, to_retain: np.ndarray) -> SparseTensor:
     if to_retain.dtype != np.bool_:
         raise InvalidArgumentError(f"to_retain has dtype {to_retain.dtype}; it must be bool",
                                    reason="BAD_DTYPE")
+    if sp_input.layout != "coo":
+        want = tuple(sp_input.values.shape[:sp_input.batch_ndim + 1])
+        if tuple(to_retain.shape) != want:
+            raise InvalidArgumentError(
+                f"to_retain has shape {_shape(to_retain.shape)}; it must be {_shape(want)}, one flag per "
+                f"stored entry of sp_input ({sp_input.layout}: [*batch, nse])", reason="SHAPE_MISMATCH")
+        try:
+            return keep_entries(sp_input, to_retain)
+        except BatchNseError as exc:
+            raise InvalidArgumentError(f"retain: to_retain keeps a different number of entries in "
+                                       f"the batches of sp_input: {exc}", reason="BATCH_NSE_MISMATCH") from None
     if to_retain.ndim != 1 or to_retain.shape[0] != sp_input.nnz:
         raise InvalidArgumentError(
             f"to_retain has shape {_shape(to_retain.shape)}; it must be [{sp_input.nnz}], one flag per "
@@ -95,26 +122,30 @@ def retain(sp_input: SparseTensor, to_retain: np.ndarray) -> SparseTensor:
 # -------------------------------------------------------------------- mul / div
 def _check_broadcast(sp_input: SparseTensor, dense: np.ndarray) -> None:
     shape = tuple(sp_input.dense_shape)
+    # As TensorFlow's SparseDenseCwise ops: a dense dimension of 1 does not stretch to an empty one.
     ok = dense.ndim <= len(shape) and all(
-        d == 1 or d == s for d, s in zip(reversed(dense.shape), reversed(shape)))
+        d == s or (d == 1 and s != 0) for d, s in zip(reversed(dense.shape), reversed(shape)))
     if not ok:
         raise InvalidArgumentError(
             f"dense has shape {_shape(dense.shape)}, which does not broadcast to sp_input.dense_shape "
-            f"{list(shape)} (only the dense side is broadcast)", reason="SHAPE_MISMATCH")
+            f"{list(shape)} (only the dense side is broadcast; a 1 does not broadcast to a 0)",
+            reason="SHAPE_MISMATCH")
 
 
-def _cwise(sp_input: SparseTensor, dense: np.ndarray):
+def _cwise(sp_input: SparseTensor, dense: np.ndarray, indices: np.ndarray):
+    """(result dtype, dense at each stored element); ``indices`` are ``entry_indices(sp_input)``."""
     _check_broadcast(sp_input, dense)
     dtype = np.result_type(sp_input.dtype, dense.dtype)
-    operand = ek.gather_operand(sp_input.indices, dense, sp_input.ndim)
+    operand = ek.gather_operand(indices, dense, sp_input.ndim)
     return dtype, operand
 
 
 _CWISE_DOC = """The dense operand is broadcast (numpy rules) to sp_input's shape, never the other way
-(a dense that would enlarge the result is INVALID_ARGUMENT). Only stored entries are computed: the
+(a dense that would enlarge the result is INVALID_ARGUMENT, as is a dense dimension of 1 against an
+empty one, as in TensorFlow). Only stored entries are computed: the
 result has sp_input's indices (unsorted or repeated ones included, each computed on its own), and
 implicit zeros stay implicit whatever the dense holds (inf, nan). Hybrid values broadcast over their
-dense dimensions too. Result dtype: numpy's result_type of the two dtypes."""
+dense dimensions too. Result dtype: numpy's result_type of the two dtypes.""" + _LAYOUTS_DOC
 
 
 @REGISTRY.op(
@@ -129,20 +160,22 @@ dense dimensions too. Result dtype: numpy's result_type of the two dtypes."""
 )
 def mul(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
     _check_broadcast(sp_input, dense)
-    fused = ek.multiply_stored(sp_input.indices, sp_input.values, dense, sp_input.ndim)
+    indices, values = entry_indices(sp_input), entry_values(sp_input)
+    fused = ek.multiply_stored(indices, values, dense, sp_input.ndim)
     if fused is not None:
         return _same_structure(sp_input, fused)
-    dtype, operand = _cwise(sp_input, dense)
-    return _same_structure(sp_input, ek.multiply(sp_input.values, operand, dtype))
+    dtype, operand = _cwise(sp_input, dense, indices)
+    return _same_structure(sp_input, ek.multiply(values, operand, dtype))
 
 
 @REGISTRY.op(
     "div",
     doc="Divides the stored entries of sp_input by a dense tensor (SparseDenseCwiseDiv, "
-        "SparseTensor.__div__).\n" + _CWISE_DOC + "\nFloating and complex division follow IEEE "
-        "(x/0 is inf or nan). Integer division truncates toward zero (C and TensorFlow, not numpy's "
-        "floor; INT_MIN / -1 wraps), and a zero divisor at a stored entry is INVALID_ARGUMENT "
-        "(DIVISION_BY_ZERO). bool / bool is UNIMPLEMENTED.",
+        "SparseTensor.__div__).\n" + _CWISE_DOC + "\nA zero divisor (0 or -0.0) at a stored entry is "
+        "INVALID_ARGUMENT (DIVISION_BY_ZERO) for every dtype, as TensorFlow's SparseDenseCwiseDiv "
+        "refuses it; a zero where sp_input stores nothing is fine. Otherwise floating and complex "
+        "division follow IEEE (a NaN divisor gives NaN). Integer division truncates toward zero (C and "
+        "TensorFlow, not numpy's floor; INT_MIN / -1 wraps). bool / bool is UNIMPLEMENTED.",
     args=[SP_INPUT,
           Arg("dense", DENSE, "Dense divisor, broadcastable to sp_input.dense_shape.",
               layouts=("dense",))],
@@ -153,24 +186,27 @@ def div(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
     if dtype == np.bool_:
         raise UnimplementedError("div does not support bool / bool; cast the values to a number type",
                                  reason="UNSUPPORTED_DTYPE")
-    dtype, operand = _cwise(sp_input, dense)
-    if dtype.kind in "iu":
-        pos = ek.first_zero(operand, sp_input.values.shape)
-        if pos is not None:
-            entry, inner = pos[0], pos[1:]
-            index = sp_input.indices[entry].tolist() + list(inner)
-            raise InvalidArgumentError(
-                f"integer division by zero: dense (broadcast to sp_input.dense_shape) is 0 at {index} (stored entry "
-                f"sp_input.indices[{entry}] = {sp_input.indices[entry].tolist()})",
-                reason="DIVISION_BY_ZERO")
-    return _same_structure(sp_input, ek.divide(sp_input.values, operand, dtype))
+    indices, values = entry_indices(sp_input), entry_values(sp_input)
+    dtype, operand = _cwise(sp_input, dense, indices)
+    pos = ek.first_zero(operand, values.shape)  # every dtype, as TensorFlow's SparseDenseCwiseDiv
+    if pos is not None:
+        entry, inner = pos[0], pos[1:]
+        index = indices[entry].tolist() + list(inner)
+        where = (f"sp_input.indices[{entry}] = {indices[entry].tolist()}" if sp_input.layout == "coo" else
+                 f"element {entry} of sp_input.values in storage order, at {indices[entry].tolist()}")
+        raise InvalidArgumentError(
+            f"division by zero: dense (broadcast to sp_input.dense_shape) is 0 at {index} (stored entry "
+            f"{where})", reason="DIVISION_BY_ZERO")
+    return _same_structure(sp_input, ek.divide(values, operand, dtype))
 
 
 # mul and div on the GPU: the dense operand's row for each entry is gathered by its broadcast
 # key (the CPU's gather_operand), then numpy's arithmetic rules over the device arrays. Complex
 # division runs on the CPU (CUDA's complex quotient rounds and treats inf/nan differently from
-# numpy's), as do integer divisions by zero (the CPU kernel names the entry).
+# numpy's), as do divisions by zero (the CPU kernel names the entry).
 def _cwise_on_gpu(sp_input, dense, **_) -> str | None:
+    if sp_input.layout != "coo":
+        return "layout"
     if _gpu.refused(_check_broadcast, sp_input, dense):
         return "shape"
     return None if _gpu.native(sp_input, dense) else "dtype"
@@ -217,12 +253,12 @@ def div_gpu(be, sp_input: SparseTensor, dense) -> SparseTensor:
     dtype = np.result_type(sp_input.dtype, dense.dtype)
     operand = _gather_operand_gpu(xp, sp_input, dense)
     values = sp_input.values
-    if dtype.kind == "f":
-        return _gpu.same_structure(sp_input, xp.true_divide(values, operand, dtype=dtype))
     a, b = values.astype(dtype), operand.astype(dtype)
     zero = xp.broadcast_to(b == 0, np.broadcast_shapes(a.shape, b.shape))
     if zero.size and bool(xp.any(zero)):
         raise Fallback("division_by_zero")  # the CPU kernel names the entry
+    if dtype.kind == "f":
+        return _gpu.same_structure(sp_input, xp.true_divide(values, operand, dtype=dtype))
     if dtype.kind == "i":
         # Truncation toward zero; x / -1 as a wrapping negation (INT_MIN / -1 wraps, where a
         # native division overflows), the other quotients from numpy's floor division.
@@ -243,26 +279,41 @@ def _add_bytes(a, b, threshold=0, **_) -> int:
     except TypeError:
         return 0
     if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
-        inner = int(np.prod(a.dense_shape[a.sparse_ndim:], dtype=object))
-        return (a.nnz + b.nnz) * (inner * dtype.itemsize + 8 * a.sparse_ndim)
+        s = view_sparse_ndim(a)
+        inner = int(np.prod(a.dense_shape[s:], dtype=object))
+        return (view_nnz(a) + view_nnz(b)) * (inner * dtype.itemsize + 8 * s)
     dense = b if isinstance(a, SparseTensor) else a
     return int(np.prod(dense.shape, dtype=object)) * dtype.itemsize
 
 
 @REGISTRY.op(
     "add",
-    doc="""Adds two tensors, at least one sparse (tf.sparse.add); the order does not matter.
+    doc="""Adds two tensors, at least one sparse (tf.sparse.add).
 Shapes must be equal (no broadcasting). Result dtype: numpy's result_type of the two (bool + bool
 is logical or; integers wrap).
-sparse + sparse: the coalesced sum (sorted, repeated indices summed), same sparse_ndim required.
-An entry is dropped when its magnitude is strictly below threshold (a hybrid entry when every
-element of its block is; NaN is never below); threshold = 0 keeps everything, including exact
-zeros from cancellation (TensorFlow's thresh).
-sparse + dense: a dense result (threshold does not apply). dense + dense is UNIMPLEMENTED.""",
-    args=[Arg("a", TENSOR, "First operand (COO or dense).", layouts=("coo", "dense")),
-          Arg("b", TENSOR, "Second operand (COO or dense).", layouts=("coo", "dense")),
-          Arg("threshold", FLOAT, "Magnitude below which a sparse+sparse sum entry is dropped "
-              "(non-negative).", default=0.0)],
+sparse + sparse (same sparse_ndim): exactly TensorFlow's SparseAdd kernel. The operands' entries
+are merged in one pass as given: the row-major smaller of a's current and b's current entry is
+taken alone, equal indices are paired and summed, the leftovers follow. For coalesced operands
+(sorted, unique) that is their coalesced sum; unsorted operands or repeated indices are not
+sorted or summed first (an index repeated in a pairs once per repeat of it in the other operand,
+the rest are kept as they are), as in TensorFlow, and the order of the operands then matters.
+threshold applies only to paired sums: such a sum is kept when threshold <= |sum| (compared in
+the values' real dtype for floating types, as TensorFlow casts thresh; NaN sums are dropped even
+at threshold 0; a hybrid sum when some element of its block reaches threshold). An entry of one
+operand alone is kept whatever its magnitude, and threshold = 0 keeps exact zeros from
+cancellation. The result is marked coalesced when its indices strictly increase.
+sparse + dense: a dense result, repeated indices summed (threshold does not apply).
+dense + dense is UNIMPLEMENTED.
+CSR, CSC, BSR, BSC: sparse + sparse needs both operands in one layout (one blocksize) and
+answers in it (torch's csr + csr), index dtype int32 only when both are and it holds the result;
+the sum is that of the operands' COO views (every element of a stored block an entry), converted
+back (a batched result whose batches would hold different numbers of entries is INVALID_ARGUMENT,
+BATCH_NSE_MISMATCH). Mixed sparse layouts are UNIMPLEMENTED (no library adds them). A compressed
+operand plus a dense one gives a dense result.""",
+    args=[Arg("a", TENSOR, "First operand (sparse in any layout, or dense).", layouts=(*SPARSE_LAYOUTS, "dense")),
+          Arg("b", TENSOR, "Second operand (sparse in any layout, or dense).", layouts=(*SPARSE_LAYOUTS, "dense")),
+          Arg("threshold", FLOAT, "Magnitude a sum of two entries must reach to be kept "
+              "(non-negative; entries of one operand alone are always kept).", default=0.0)],
     outputs=[Output("output", "sparse", "Sparse for sparse + sparse, dense when an operand is dense.")],
     result_bytes=_add_bytes,
 )
@@ -282,26 +333,91 @@ def add(a, b, threshold: float = 0.0):
             "(no broadcasting)", reason="SHAPE_MISMATCH")
     dtype = np.result_type(a.dtype, b.dtype)
     if a_sparse and b_sparse:
-        if a.sparse_ndim != b.sparse_ndim:
+        if a.layout != b.layout or tuple(a.blocksize or ()) != tuple(b.blocksize or ()):
+            what = {t.layout if t.layout not in ("bsr", "bsc") else f"{t.layout} (blocksize "
+                    f"{list(t.blocksize)})" for t in (a, b)}
+            raise UnimplementedError(
+                f"add does not support a {' + '.join(sorted(what))} sum: a is {a.layout} and b is "
+                f"{b.layout}; sparse operands must share one layout (and blocksize)",
+                reason="UNSUPPORTED_LAYOUT")
+        s_a, s_b = view_sparse_ndim(a), view_sparse_ndim(b)
+        if s_a != s_b:
             raise InvalidArgumentError(
-                f"a has {a.sparse_ndim} sparse dimensions and b has {b.sparse_ndim}; they must be "
+                f"a has {s_a} sparse dimensions and b has {s_b}; they must be "
                 "equal", reason="SPARSE_DIM_MISMATCH")
-        indices, values = ek.add_sparse(a.indices, a.values, b.indices, b.values, a.dense_shape,
-                                        dtype, threshold)
-        return SparseTensor(indices=indices, values=values, dense_shape=a.dense_shape,
-                            coalesced=True)
+        va, vb = coo_view(a), coo_view(b)
+        indices, values = _sparse_add(va, vb, dtype, threshold)
+        out = SparseTensor(indices=indices, values=values, dense_shape=a.dense_shape,
+                           coalesced=indices.shape[0] < 2 or kernels.first_disorder(indices, a.dense_shape)[0] < 0)
+        if a.layout == "coo":
+            return out
+        ref = a if a.compressed_indices.dtype.itemsize >= b.compressed_indices.dtype.itemsize else b
+        try:
+            return like(out, ref)
+        except BatchNseError as exc:
+            raise InvalidArgumentError(f"add: the sum of a and b cannot be {a.layout}: {exc}",
+                                       reason="BATCH_NSE_MISMATCH") from None
     sp, dense = (a, b) if a_sparse else (b, a)
+    sp = coo_view(sp)
     return ek.add_dense(sp.indices, sp.values, sp.dense_shape, dense, dtype)
 
 
-# add on the GPU: the operands' entries concatenated and coalesced (``arrays.coalesce``), the
-# threshold applied to each entry's largest magnitude; sparse + dense adds the coalesced entries
-# into a copy of the dense operand. Complex sums with a threshold run on the CPU (|z| is rounded
-# differently by CUDA, and the threshold is a sharp edge).
+def _reaches(xp, sums2d, threshold: float):
+    """Per row of ``[n, inner]`` sums: whether TensorFlow's SparseAdd keeps it, thresh <= |sum|
+    (NaN never does), for some element of the row. Floating sums compare in their real dtype
+    (TensorFlow casts thresh to it); integers and bools exactly, as float64 magnitudes."""
+    n, inner = int(sums2d.shape[0]), int(sums2d.shape[1])
+    if inner == 0:
+        return xp.full(n, threshold <= 0, dtype=bool)
+    kind = sums2d.dtype.kind
+    mag = xp.abs(sums2d) if kind in "fc" else xp.abs(sums2d.astype(np.float64))
+    thr = np.asarray(threshold).astype(mag.dtype)[()]
+    return xp.any(thr <= mag, axis=1)
+
+
+def _sparse_add(a: SparseTensor, b: SparseTensor, dtype: np.dtype, threshold: float):
+    """(indices, values) of TensorFlow's SparseAdd on two COO tensors of one shape (``add``'s doc)."""
+    side, ia, ib = ek.merge(a.indices, b.indices)
+    n, s = side.size, a.indices.shape[1]
+    block = tuple(a.dense_shape[s:])
+    inner = int(np.prod(block, dtype=np.int64))
+    av = a.values.astype(dtype, copy=False).reshape(a.nnz, inner)
+    bv = b.values.astype(dtype, copy=False).reshape(b.nnz, inner)
+    from_b = side == ek.B_ONLY
+    from_a = ~from_b
+    indices = np.empty((n, s), np.int64)
+    indices[from_a] = a.indices[ia[from_a]]
+    indices[from_b] = b.indices[ib[from_b]]
+    values = np.empty((n, inner), dtype)
+    values[from_a] = av[ia[from_a]]
+    values[from_b] = bv[ib[from_b]]
+    both = np.flatnonzero(side == ek.BOTH)
+    if both.size:
+        with np.errstate(all="ignore"):
+            x, y = av[ia[both]], bv[ib[both]]
+            sums = x | y if dtype == np.bool_ else np.add(x, y, dtype=dtype)
+        values[both] = sums
+        drop = both[~_reaches(np, sums, threshold)]
+        if drop.size:
+            keep = np.ones(n, bool)
+            keep[drop] = False
+            indices, values = indices[keep], values[keep]
+    return indices, values.reshape(indices.shape[0], *block)
+
+
+# add on the GPU: for operands each sorted with unique indices (others run on the CPU: TensorFlow's
+# merge of unsorted operands is one sequential pass) TensorFlow's merge is the coalesced union,
+# found by concatenating and coalescing (``arrays.coalesce``); a coalesced count of the entries
+# tells which sums had both operands, and only those meet the threshold. sparse + dense adds the
+# coalesced entries into a copy of the dense operand. Complex sums with a threshold run on the
+# CPU (|z| is rounded differently by CUDA, and the threshold is a sharp edge). Compressed
+# operands run on the CPU.
 def _add_on_gpu(a, b, threshold=0.0, **_) -> str | None:
     a_sparse, b_sparse = _gpu.is_sparse(a), _gpu.is_sparse(b)
     if not a_sparse and not b_sparse:
         return "argument"
+    if (a_sparse and a.layout != "coo") or (b_sparse and b.layout != "coo"):
+        return "layout"
     if math.isnan(threshold) or threshold < 0:
         return "argument"
     a_shape = list(a.dense_shape) if a_sparse else _shape(a.shape)
@@ -318,28 +434,28 @@ def _add_on_gpu(a, b, threshold=0.0, **_) -> str | None:
     return None
 
 
-def _magnitude_gpu(xp, values2d):
-    """The CPU's ek.block_magnitude over device arrays."""
-    n = int(values2d.shape[0])
-    if values2d.shape[1] == 0:
-        return xp.zeros(n)
-    mag = values2d.astype(xp.float64) if values2d.dtype == np.bool_ else xp.abs(values2d).astype(xp.float64)
-    return xp.max(mag, axis=1)
-
-
 @REGISTRY.gpu("add", supports=_add_on_gpu)
 @_gpu.quiet
 def add_gpu(be, a, b, threshold: float = 0.0):
     xp = be.xp
     dtype = np.result_type(a.dtype, b.dtype)
     if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
-        indices = xp.concatenate([a.indices, b.indices])
+        s = a.sparse_ndim
+        for t in (a, b):
+            if int(t.indices.shape[0]) > 1 and not ka.is_strictly_increasing(
+                    xp, ka.linearize(xp, t.indices, a.dense_shape[:s])):
+                raise Fallback("unordered")
+        cat = xp.concatenate([a.indices, b.indices])
         values = xp.concatenate([a.values.astype(dtype), b.values.astype(dtype)])
-        indices, values = ka.coalesce(xp, indices, values, a.dense_shape, be.scatter_add)
+        indices, values = ka.coalesce(xp, cat, values, a.dense_shape, be.scatter_add)
         n = int(indices.shape[0])
-        if threshold > 0 and n:
-            keep = ~(_magnitude_gpu(xp, values.reshape(n, -1)) < threshold)
-            indices, values = indices[keep], values[keep]
+        if n:
+            _, counts = ka.coalesce(xp, cat, xp.ones(int(cat.shape[0]), dtype=xp.int32), a.dense_shape,
+                                    be.scatter_add)
+            inner = int(np.prod(a.dense_shape[s:], dtype=np.int64))
+            keep = (counts == 1) | _reaches(xp, values.reshape(n, inner), threshold)
+            if not bool(xp.all(keep)):
+                indices, values = indices[keep], values[keep]
         return _gpu.coo(a.dense_shape, indices, values, coalesced=True)
     sp, dense = (a, b) if isinstance(a, SparseTensor) else (b, a)
     out = xp.array(dense, dtype=dtype, copy=True)
@@ -355,15 +471,27 @@ def add_gpu(be, a, b, threshold: float = 0.0):
 
 
 # ------------------------------------------------------------------- map_values
+# The function table. Each group shares its dtype rules (``_map`` applies them); the groups
+# after _ANGLE are PyTorch's zero-preserving unary functions for sparse tensors (torch.sgn,
+# torch.signbit, torch.isnan, torch.erf, ...). The group functions of _SPECIAL, _PREDICATES and
+# _TORCH are written over an array namespace ``xp`` (numpy here, CuPy in the GPU kernel) so both
+# devices compute them one way.
 _ROUNDING = {"ceil": np.ceil, "floor": np.floor, "round": np.round, "trunc": np.trunc}
 _ANALYTIC = {"sqrt": np.sqrt, "sin": np.sin, "tan": np.tan, "tanh": np.tanh, "asin": np.arcsin,
              "atan": np.arctan, "sinh": np.sinh, "asinh": np.arcsinh, "atanh": np.arctanh,
              "expm1": np.expm1, "log1p": np.log1p}
 _ANGLE = {"deg2rad": np.deg2rad, "rad2deg": np.rad2deg}
+# Real analytic functions from scipy.special (cupyx.scipy.special on a GPU).
+_SPECIAL = ("erf", "erfinv")
+# Predicates: bool results.
+_PREDICATES = ("isnan", "isinf", "isposinf", "isneginf", "signbit")
+_TORCH = ("sgn", "frac", "angle", "relu", "positive", "nan_to_num", "pow")
 _ALIASES = {"negative": "neg", "absolute": "abs", "arcsin": "asin", "arctan": "atan",
-            "arcsinh": "asinh", "arctanh": "atanh", "rint": "round", "fix": "trunc"}
+            "arcsinh": "asinh", "arctanh": "atanh", "rint": "round", "fix": "trunc",
+            "conj_physical": "conj", "special_erf": "erf", "special_erfinv": "erfinv",
+            "power": "pow"}
 _BASIC = ("neg", "abs", "sign", "square", "conj")
-MAP_FUNCTIONS = (*_BASIC, *_ROUNDING, *_ANALYTIC, *_ANGLE)
+MAP_FUNCTIONS = (*_BASIC, *_ROUNDING, *_ANALYTIC, *_ANGLE, *_SPECIAL, *_PREDICATES, *_TORCH)
 # Functions users ask for that move zero: what f(0) is, for the error message.
 _NOT_ZERO_PRESERVING = {
     "cos": "1", "cosh": "1", "exp": "1", "exp2": "1", "acos": "pi/2", "arccos": "pi/2",
@@ -371,23 +499,152 @@ _NOT_ZERO_PRESERVING = {
     "rsqrt": "inf", "reciprocal": "inf", "inv": "inf", "sigmoid": "0.5", "logistic": "0.5",
     "sinc": "1", "logical_not": "true", "invert": "-1", "bitwise_not": "-1", "softplus": "log(2)",
     "erfc": "1", "lgamma": "inf", "digamma": "nan", "reciprocal_no_nan": "inf", "cot": "inf",
-    "sec": "1", "csc": "inf",
+    "sec": "1", "csc": "inf", "isfinite": "true", "isreal": "true", "i0": "1",
 }
+# Integers and bools under an analytic function: float32, PyTorch's default dtype (torch.sqrt of
+# an int tensor is float32; TensorFlow refuses integers there).
+_INT_TO_FLOAT = np.float32
 
 
-def _map(fn: str, values: np.ndarray) -> np.ndarray:
+def _map_name(fn: str) -> str:
+    return _ALIASES.get(fn.lower(), fn.lower())
+
+
+def _check_exponent(name: str, exponent) -> None:
+    """exponent is pow's alone, and positive (0 ** e is 0 only for e > 0)."""
+    if name != "pow":
+        if exponent is not None:
+            raise InvalidArgumentError(f"exponent is only for fn = 'pow', not {name!r}",
+                                       reason="UNEXPECTED_ARGUMENT")
+        return
+    if exponent is None:
+        raise InvalidArgumentError("map_values(pow) needs exponent, a positive number",
+                                   reason="MISSING_ARGUMENT")
+    if not exponent > 0:  # NaN too
+        raise InvalidArgumentError(
+            f"exponent = {exponent} must be positive: 0 ** exponent is {'1' if exponent == 0 else 'not 0'}, "
+            "so pow would change every implicit zero; densify with to_dense first",
+            reason="NOT_ZERO_PRESERVING")
+
+
+def _int_power(xp, values, e: int):
+    """values ** e by squaring, wrapping as integer multiplication does. Modulo 2**64 the odd
+    numbers have multiplicative order dividing 2**62 and an even number's 64th power is 0, so e
+    past 64 is folded into [64, 64 + 2**62) first: at most 63 squarings."""
+    if e >= 64:
+        e = 64 + (e - 64) % 2 ** 62
+    out = xp.ones_like(values)
+    base = values.copy()
+    while e:
+        if e & 1:
+            out = out * base
+        e >>= 1
+        if e:
+            base = base * base
+    return out
+
+
+def _torch_map(xp, special, name: str, values, exponent=None):
+    """The functions of _SPECIAL, _PREDICATES and _TORCH over ``xp``; dtype checks done by
+    ``_map_refusal``."""
+    kind = values.dtype.kind
+    if name in _PREDICATES:
+        if kind in "biu":
+            if name == "signbit" and kind == "i":
+                return values < 0
+            return xp.zeros(values.shape, dtype=bool)
+        if name == "isnan":
+            return xp.isnan(values)
+        if name == "isinf":
+            return xp.isinf(values)
+        if name == "isposinf":
+            return values == xp.inf
+        if name == "isneginf":
+            return values == -xp.inf
+        return xp.signbit(values)
+    if name in _SPECIAL:
+        work = values.astype(_INT_TO_FLOAT) if kind in "biu" else values
+        out = getattr(special, name)(work.astype(np.float32) if work.dtype == np.float16 else work)
+        return out.astype(work.dtype)
+    if name == "positive" or (kind == "b" and name in ("sgn", "relu")):
+        return values.copy()
+    if name == "sgn":  # torch.sgn: sign for reals with sgn(nan) = 0, z / |z| for complex (0 at 0)
+        if kind == "c":
+            mag = xp.abs(values)
+            safe = xp.where(mag == 0, 1, mag).astype(values.dtype)
+            return xp.where(mag == 0, 0, values / safe).astype(values.dtype)
+        out = xp.sign(values)
+        return xp.where(xp.isnan(values), 0, out).astype(values.dtype) if kind == "f" else out
+    if name == "frac":
+        return xp.zeros_like(values) if kind in "iu" else values - xp.trunc(values)
+    if name == "angle":  # torch.angle: pi for negative reals, 0 otherwise (-0.0 too), nan kept
+        if kind == "c":
+            return xp.angle(values)
+        work = values.astype(_INT_TO_FLOAT) if kind in "biu" else values
+        pi = xp.asarray(np.pi, dtype=work.dtype)
+        return xp.where(work < 0, pi, xp.where(xp.isnan(work), work, 0)).astype(work.dtype)
+    if name == "relu":
+        if kind == "u":
+            return values.copy()
+        return xp.where(values < 0, 0, values).astype(values.dtype)  # nan stays nan
+    if name == "nan_to_num":
+        return xp.nan_to_num(values) if kind in "fc" else values.copy()
+    # pow: exponent checked positive by _check_exponent
+    integral = math.isfinite(exponent) and float(exponent).is_integer()
+    if kind == "b":
+        return values.copy() if integral else values.astype(_INT_TO_FLOAT)
+    if kind in "iu":
+        if integral:
+            return _int_power(xp, values, int(exponent))
+        values = values.astype(_INT_TO_FLOAT)
+    dtype = values.dtype
+    if dtype == np.float16:  # computed in float32, as torch's half kernels do
+        values = values.astype(np.float32)
+    # torch.pow's special exponents (x * x, x * x * x, sqrt): they differ from a general power at
+    # infinities and signed zeros
+    if exponent == 2:
+        out = values * values
+    elif exponent == 3:
+        out = values * values * values
+    elif exponent == 0.5:
+        out = xp.sqrt(values)
+        if dtype == np.float16:  # torch's half kernel calls C's pow: pow(-inf, 0.5) = inf, pow(-0, 0.5) = 0
+            out = xp.where(values == -xp.inf, xp.inf, out) + np.float32(0)
+    else:
+        out = xp.power(values, values.dtype.type(exponent))
+    return out.astype(dtype)
+
+
+def _map_refusal(name: str, dtype: np.dtype) -> str | None:
+    """Why map_values(name) refuses values of ``dtype`` (None when it takes them)."""
+    kind = dtype.kind
+    if name == "neg" and kind == "b":
+        return "negating a bool is not defined; cast to a number type"
+    if name in _ROUNDING and kind == "c":
+        return "complex numbers have no rounding order"
+    if kind == "c" and name in (*_ANGLE, *_SPECIAL):
+        return f"{name} is defined for real numbers only"
+    if kind == "c" and name in ("isposinf", "isneginf", "signbit", "frac", "relu"):
+        return f"{name} needs an ordered (real) dtype"
+    if kind == "b" and name == "frac":
+        return "cast to a number type first"
+    return None
+
+
+def _map(fn: str, values: np.ndarray, exponent=None) -> np.ndarray:
     dtype, kind = values.dtype, values.dtype.kind
-
-    def unsupported(why: str):
-        return UnimplementedError(f"map_values({fn}) does not support {dtype.name} values: {why}",
-                                  reason="UNSUPPORTED_DTYPE")
-
+    why = _map_refusal(fn, dtype)
+    if why is not None:
+        raise UnimplementedError(f"map_values({fn}) does not support {dtype.name} values: {why}",
+                                 reason="UNSUPPORTED_DTYPE")
     with np.errstate(all="ignore"):
+        if fn in _SPECIAL or fn in _PREDICATES or fn in _TORCH:
+            import scipy.special
+
+            return _torch_map(np, scipy.special, fn, values, exponent)
         if fn in ("abs", "sign", "square", "conj") + tuple(_ROUNDING) and kind == "b":
             return values.copy()  # identity on {false, true}
         if fn == "neg":
-            if kind == "b":
-                raise unsupported("negating a bool is not defined; cast to a number type")
             return np.negative(values)  # unsigned wraps modulo 2**bits
         if fn == "abs":
             return np.abs(values)  # complex -> its real magnitude dtype
@@ -400,35 +657,44 @@ def _map(fn: str, values: np.ndarray) -> np.ndarray:
         if fn in _ROUNDING:
             if kind in "iu":
                 return values.copy()
-            if kind == "c":
-                raise unsupported("complex numbers have no rounding order")
             return _ROUNDING[fn](values)
-        if kind == "b":
-            raise unsupported("cast to a number type first")
-        if kind == "c" and fn in _ANGLE:
-            raise unsupported("angles are real")
-        work = values.astype(np.float64) if kind in "iu" else values
+        work = values.astype(_INT_TO_FLOAT) if kind in "biu" else values
         return (_ANALYTIC.get(fn) or _ANGLE[fn])(work)
 
 
 @REGISTRY.op(
     "map_values",
     doc=f"""Applies a zero-preserving function to the stored values (tf.sparse.map_values).
-fn is one of {', '.join(MAP_FUNCTIONS)} (aliases: {', '.join(sorted(_ALIASES))}). Since f(0) = 0,
-the implicit zeros stay valid and the indices are unchanged; repeated entries are mapped one by one
-(coalesce first to map their sum). Any other function (cos, exp, log, ...) is INVALID_ARGUMENT:
-densify with to_dense and apply it to the dense tensor.
-dtypes: float and complex keep their dtype (abs of complex gives the real dtype; sign of complex
-is z/|z|). Integers: neg, abs, square wrap as numpy's do; ceil, floor, round, trunc are the
-identity; sign stays integer; the analytic functions (sqrt ... log1p, deg2rad, rad2deg) return
-float64. bool: abs, sign, square, conj and the rounding functions are the identity; the others are
-UNIMPLEMENTED, as are ceil, floor, round, trunc, deg2rad and rad2deg on complex. round is half to
-even. Out-of-domain inputs follow IEEE (sqrt(-1) = nan, atanh(1) = inf).""",
-    args=[SP_INPUT, Arg("fn", STRING, "Name of a zero-preserving function.")],
+fn is one of {', '.join(MAP_FUNCTIONS)} (aliases: {', '.join(sorted(_ALIASES))}): TensorFlow's
+zero-preserving math functions and every zero-preserving unary function PyTorch applies to sparse
+tensors (sgn, signbit, isnan, isinf, isposinf, isneginf, erf, erfinv, angle, frac, relu,
+positive, nan_to_num, conj_physical, pow). Since f(0) = 0 (false for the predicates), the implicit
+zeros stay valid and the indices are unchanged; repeated entries are mapped one by one, as
+tf.sparse.map_values does (torch's functions coalesce an uncoalesced COO input first: coalesce
+first to map their sums). Any other function (cos, exp, log, ...) is INVALID_ARGUMENT: densify
+with to_dense and apply it to the dense tensor.
+pow takes exponent, a positive number (exponent <= 0 or NaN is INVALID_ARGUMENT: 0 ** 0 = 1);
+exponent is refused with any other fn. An integral exponent keeps integer values integer
+(wrapping as torch.pow does) and bool values bool; a fractional one makes them float32.
+dtypes follow PyTorch: float and complex keep their dtype (abs and angle of complex give the real
+dtype; sign and sgn of complex are z/|z|). Integers: neg, abs, square wrap as torch's do, relu
+is max(x, 0); ceil, floor, round, trunc, positive, nan_to_num are the identity, frac is 0; sign
+and sgn stay integer;
+the analytic functions (sqrt ... log1p, deg2rad, rad2deg, erf, erfinv, angle) return float32, as
+torch's do (bool too). The predicates (isnan, isinf, isposinf, isneginf, signbit) return bool.
+bool: abs, sign, sgn, square, conj, relu, positive, nan_to_num and the rounding functions are the
+identity; neg and frac are UNIMPLEMENTED, as are ceil, floor, round, trunc, deg2rad, rad2deg, erf, erfinv, frac, relu,
+signbit, isposinf and isneginf on complex. round is half to even. Out-of-domain inputs follow
+IEEE (sqrt(-1) = nan, atanh(1) = inf, erfinv(1) = inf). Where TensorFlow and PyTorch disagree
+the function's own library decides: sign(nan) is nan (tf.math.sign; torch.sign gives 0), and
+sgn(nan) is 0 (torch.sgn). PyTorch's pow accepts a negative exponent on sparse tensors (x ** -1
+at the stored entries only); here it is refused, as it is not zero-preserving.""" + _LAYOUTS_DOC,
+    args=[SP_INPUT, Arg("fn", STRING, "Name of a zero-preserving function."),
+          Arg("exponent", FLOAT, "The exponent of fn = 'pow' (positive); only for pow.", default=None)],
     outputs=[Output("output", "sparse", "Same indices and shape, mapped values.")],
 )
-def map_values(sp_input: SparseTensor, fn: str) -> SparseTensor:
-    name = _ALIASES.get(fn.lower(), fn.lower())
+def map_values(sp_input: SparseTensor, fn: str, exponent: float | None = None) -> SparseTensor:
+    name = _map_name(fn)
     if name not in MAP_FUNCTIONS:
         if name in _NOT_ZERO_PRESERVING:
             raise InvalidArgumentError(
@@ -439,43 +705,48 @@ def map_values(sp_input: SparseTensor, fn: str) -> SparseTensor:
             f"fn = {fn!r} is not a zero-preserving function map_values knows; it accepts "
             f"{', '.join(MAP_FUNCTIONS)}. For other functions densify with to_dense first",
             reason="UNKNOWN_FUNCTION")
-    return _same_structure(sp_input, _map(name, sp_input.values))
+    _check_exponent(name, exponent)
+    return _same_structure(sp_input, _map(name, sp_input.values, exponent))
 
 
-# map_values on the GPU: the same numpy ufuncs from the device namespace. Complex values under
-# sign and the analytic functions run on the CPU (CUDA's complex functions round and handle
-# branch cuts and inf/nan differently, and CuPy's complex sign is not numpy 2's z/|z|).
+# map_values on the GPU: the same numpy ufuncs from the device namespace, and the same
+# _torch_map (erf and erfinv from cupyx.scipy.special). Complex values under sign, sgn, pow and
+# the analytic functions run on the CPU (CUDA's complex functions round and handle branch cuts
+# and inf/nan differently, and CuPy's complex sign is not numpy 2's z/|z|).
 _GPU_MAP = {"neg": "negative", "abs": "abs", "sign": "sign", "square": "square", "conj": "conj", "ceil": "ceil",
             "floor": "floor", "round": "rint", "trunc": "trunc", "sqrt": "sqrt", "sin": "sin", "tan": "tan",
             "tanh": "tanh", "asin": "arcsin", "atan": "arctan", "sinh": "sinh", "asinh": "arcsinh",
             "atanh": "arctanh", "expm1": "expm1", "log1p": "log1p", "deg2rad": "deg2rad", "rad2deg": "rad2deg"}
 
 
-def _map_values_on_gpu(sp_input, fn, **_) -> str | None:
-    name = _ALIASES.get(fn.lower(), fn.lower())
-    if name not in MAP_FUNCTIONS:
+def _map_values_on_gpu(sp_input, fn, exponent=None, **_) -> str | None:
+    if sp_input.layout != "coo":
+        return "layout"
+    name = _map_name(fn)
+    if name not in MAP_FUNCTIONS or _gpu.refused(_check_exponent, name, exponent):
         return "argument"
-    probe = np.zeros(0, sp_input.dtype)  # the CPU's dtype rules, on an empty array
-    if _gpu.refused(_map, name, probe):
+    if _map_refusal(name, sp_input.dtype) is not None:
         return "argument"
-    if sp_input.dtype.kind == "c" and name in ("sign", *_ANALYTIC):
+    if sp_input.dtype.kind == "c" and name in ("sign", "sgn", "pow", "angle", *_ANALYTIC):
         return "dtype"
     return None if _gpu.native(sp_input) else "dtype"
 
 
 @REGISTRY.gpu("map_values", supports=_map_values_on_gpu)
 @_gpu.quiet
-def map_values_gpu(be, sp_input: SparseTensor, fn: str) -> SparseTensor:
+def map_values_gpu(be, sp_input: SparseTensor, fn: str, exponent: float | None = None) -> SparseTensor:
     xp = be.xp
-    name = _ALIASES.get(fn.lower(), fn.lower())
+    name = _map_name(fn)
     values = sp_input.values
     kind = values.dtype.kind
+    if name in _SPECIAL or name in _PREDICATES or name in _TORCH:
+        return _gpu.same_structure(sp_input, _torch_map(xp, be.special, name, values, exponent))
     identity = (kind == "b" and name in ("abs", "sign", "square", "conj", *_ROUNDING)) or \
         (kind in "iu" and name in _ROUNDING)
     if identity:
         return _gpu.same_structure(sp_input, values.copy())
-    if kind in "iu" and (name in _ANALYTIC or name in _ANGLE):
-        values = values.astype(xp.float64)
+    if kind in "biu" and (name in _ANALYTIC or name in _ANGLE):
+        values = values.astype(_INT_TO_FLOAT)
     out = getattr(xp, _GPU_MAP[name])(values)
     if name == "sign" and kind == "f":
         out = xp.where(xp.isnan(values), values, out)  # numpy's sign(nan) is nan; some CuPy versions give 0

@@ -31,17 +31,11 @@ def _axis_index(axis: int, rank: int, name: str) -> int:
 
 
 def _reduction_axes(axis: list[int] | None, rank: int) -> list[int]:
-    """Sorted non-negative axes; None means all of them."""
+    """Sorted non-negative axes; None means all of them. An axis named twice (1 and -1 of a
+    matrix too) is reduced once, as tf.sparse.reduce_sum/reduce_max do."""
     if axis is None:
         return list(range(rank))
-    seen: dict[int, int] = {}
-    for i, a in enumerate(axis):
-        d = _axis_index(a, rank, f"axis[{i}]")
-        if d in seen:
-            raise InvalidArgumentError(f"axis[{i}] = {a} names dimension {d} again (axis[{seen[d]}]); "
-                                       "each axis may appear once", reason="AXIS_REPEATED")
-        seen[d] = i
-    return sorted(seen)
+    return sorted({_axis_index(a, rank, f"axis[{i}]") for i, a in enumerate(axis)})
 
 
 @dataclass
@@ -163,8 +157,8 @@ def _reduce(op: str, sp_input: SparseTensor, axis, keepdims: bool, output_is_spa
 
 _REDUCE_ARGS = [
     SP_INPUT,
-    Arg("axis", AXES, "An axis or a list of axes to reduce (negative counts from the end; each at "
-        "most once); null reduces every axis, [] none.", default=None),
+    Arg("axis", AXES, "An axis or a list of axes to reduce (negative counts from the end; one named "
+        "twice is reduced once, as in TensorFlow); null reduces every axis, [] none.", default=None),
     Arg("keepdims", BOOL, "Keep reduced axes with length 1.", default=False),
     Arg("output_is_sparse", BOOL, "Return a coalesced COO tensor instead of a dense one.",
         default=False),
@@ -327,7 +321,12 @@ Unstored entries count as -inf: they take no part and stay unstored, so the resu
 sparsity, coalesced (repeated indices summed first). A line of stored values that are all -inf
 gives NaN, as in torch. On a hybrid tensor a sparse axis runs across entries for each dense
 position, and a dense axis within each entry's values. Floating dtypes only (float16 computed in
-float32); others are UNIMPLEMENTED. Result layout: CSR for an unbatched CSR input, COO otherwise."""
+float32); others are UNIMPLEMENTED. Result layout: CSR for an unbatched CSR input, COO otherwise.
+With axis=-1, a tensor in canonical order (rank >= 2) gets tf.sparse.softmax's values (log_softmax:
+their log). Where the two libraries differ we follow torch, whose argument (the axis) this op
+takes: repeated indices are summed first (TensorFlow normalises each repeat as a separate entry),
+unsorted input is taken (TensorFlow requires canonical order) and rank 1 is allowed (TensorFlow
+requires rank >= 2)."""
 
 
 @REGISTRY.op(

@@ -18,13 +18,29 @@ from sparseserve._tensor import SparseTensor
 from sparseserve._validate import INT64_MAX, check_shape
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import structure as sk
+from sparseserve.kernels._sort import argsort_stable, gather_rows
 
 from ..argtypes import BOOL, DENSE, INDEX, INT, INT_LIST, SCALAR, SPARSE, TENSORS
 from ..partition import Stack
 from ..registry import REGISTRY, Arg, Output
 from ._common import cast_scalar, check_ordered
+from ._layouts import SPARSE_LAYOUTS, BatchNseError, coo_view, like, view_nnz, view_sparse_ndim
 
-SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO).")
+SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (any sparse layout).", layouts=SPARSE_LAYOUTS)
+
+# How the ops here take the compressed layouts (CSR, CSC, BSR, BSC, batch and dense dims too).
+_VIEW_DOC = """
+CSR, CSC, BSR, BSC: computed on the tensor's COO view (batch dimensions lead as sparse ones;
+every element of a stored block is a stored entry, zeros included)"""
+
+
+def _in_layout_of(out: SparseTensor, t: SparseTensor, op: str) -> SparseTensor:
+    """A COO result in ``t``'s compressed layout (``_layouts.like``), errors named for ``op``."""
+    try:
+        return like(out, t)
+    except BatchNseError as exc:
+        raise InvalidArgumentError(f"{op}: the result cannot be {t.layout}: {exc}",
+                                   reason="BATCH_NSE_MISMATCH") from None
 
 
 def _nbytes(shape, dtype) -> int:
@@ -82,7 +98,8 @@ sparse_indices is 0-D (one index into a 1-D output), 1-D (indices into a 1-D out
 [N, rank] (sparse_indices[i] is the complete index of sparse_values[i]); sparse_values is a
 scalar used for every index, or a vector of N values. Other positions take default_value.
 Indices out of range are INVALID_ARGUMENT. With validate_indices, indices must be sorted
-row-major and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed.""",
+row-major and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed, as
+to_dense's are (TensorFlow's kernel, which documents repeats as unsupported, keeps the last).""",
     args=[Arg("sparse_indices", DENSE, "Integer indices: 0-D, 1-D or 2-D [N, rank].", layouts=("dense",)),
           Arg("output_shape", INT_LIST, "Shape of the dense output."),
           Arg("sparse_values", DENSE, "A scalar, or one value per index.", layouts=("dense",)),
@@ -130,8 +147,8 @@ def _indicator_bytes(sp_input, vocab_size, **_) -> int:
 The last dimension is replaced by vocab_size: output[d_0, ..., d_{n-1}, id] is true where some
 stored entry [d_0, ..., d_{n-1}, k] has value id. Repeated ids and unsorted input are allowed.
 Every id must be in [0, vocab_size) (INVALID_ARGUMENT otherwise); non-integer values are
-UNIMPLEMENTED. For a hybrid tensor every element of a stored value block is an id.""",
-    args=[Arg("sp_input", SPARSE, "Sparse tensor of integer ids."),
+UNIMPLEMENTED. For a hybrid tensor every element of a stored value block is an id.""" + _VIEW_DOC + ".",
+    args=[Arg("sp_input", SPARSE, "Sparse tensor of integer ids (any sparse layout).", layouts=SPARSE_LAYOUTS),
           Arg("vocab_size", INT, "Size of the new last dimension; every id is below it.")],
     outputs=[Output("output", "dense", "Dense bool tensor, shape dense_shape[:-1] + [vocab_size].")],
     result_bytes=_indicator_bytes,
@@ -151,7 +168,8 @@ def to_indicator(sp_input: SparseTensor, vocab_size: int) -> np.ndarray:
             raise InvalidArgumentError(
                 f"sp_input.values[{', '.join(map(str, pos))}] = {int(ids[pos])} is out of range "
                 f"for vocab_size = {vocab_size}", reason="VALUE_OUT_OF_RANGE")
-    return sk.to_indicator(sp_input.indices, ids.astype(np.int64, copy=False), sp_input.dense_shape,
+    view = coo_view(sp_input)
+    return sk.to_indicator(view.indices, view.values.astype(np.int64, copy=False), sp_input.dense_shape,
                            vocab_size)
 
 
@@ -168,14 +186,20 @@ def _concat_plan(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims
     if not sp_inputs:
         raise InvalidArgumentError("sp_inputs must hold at least one tensor", reason="EMPTY_LIST")
     first = sp_inputs[0]
-    rank, sparse_ndim, dtype = first.ndim, first.sparse_ndim, first.dtype
+    rank, sparse_ndim, dtype = first.ndim, view_sparse_ndim(first), first.dtype
     for i, t in enumerate(sp_inputs[1:], 1):
+        if t.layout != first.layout or tuple(t.blocksize or ()) != tuple(first.blocksize or ()):
+            raise UnimplementedError(
+                f"concat does not support mixing layouts: sp_inputs[{i}] is {t.layout}"
+                f"{'' if t.blocksize is None else f' (blocksize {list(t.blocksize)})'} but sp_inputs[0] is "
+                f"{first.layout}{'' if first.blocksize is None else f' (blocksize {list(first.blocksize)})'}; "
+                "every input must share one layout", reason="UNSUPPORTED_LAYOUT")
         if t.ndim != rank:
             raise InvalidArgumentError(f"sp_inputs[{i}] has rank {t.ndim} but sp_inputs[0] has rank {rank}",
                                        reason="RANK_MISMATCH")
-        if t.sparse_ndim != sparse_ndim:
+        if view_sparse_ndim(t) != sparse_ndim:
             raise InvalidArgumentError(
-                f"sp_inputs[{i}] has {t.sparse_ndim} sparse dimensions but sp_inputs[0] has "
+                f"sp_inputs[{i}] has {view_sparse_ndim(t)} sparse dimensions but sp_inputs[0] has "
                 f"{sparse_ndim}", reason="SPARSE_DIM_MISMATCH")
         if t.dtype != dtype:
             raise InvalidArgumentError(
@@ -209,7 +233,7 @@ def _concat_plan(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims
 
 def _concat_bytes(axis, sp_inputs, expand_nonconcat_dims=False, **_) -> int:
     plan = _concat_plan(axis, sp_inputs, expand_nonconcat_dims)
-    nnz = sum(t.nnz for t in sp_inputs)
+    nnz = sum(view_nnz(t) for t in sp_inputs)
     return nnz * (8 * plan.sparse_ndim + _nbytes(plan.shape[plan.sparse_ndim:], plan.dtype))
 
 
@@ -219,10 +243,14 @@ def _concat_bytes(axis, sp_inputs, expand_nonconcat_dims=False, **_) -> int:
 All inputs have the same rank, sparse dimensions and dtype, and the same size on every other
 dimension unless expand_nonconcat_dims, when each such dimension is the largest input's.
 The output is re-sorted row-major (stable: entries at one index keep the input order;
-duplicates are kept). Concatenating hybrid tensors along a dense dimension zero-pads each
-input's value blocks, so an index stored in several inputs appears once per input.""",
+duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's). Concatenating hybrid tensors along a dense dimension zero-pads each
+input's value blocks, so an index stored in several inputs appears once per input.""" + _VIEW_DOC + """;
+every input in one layout (one blocksize; mixing is UNIMPLEMENTED), the result in it (torch's
+layout), coalesced, with the inputs' blocksize and index dtype (int64 if any input's is). A batched
+result whose batches would hold different numbers of entries is INVALID_ARGUMENT.""",
     args=[Arg("axis", INT, "Dimension to concatenate along."),
-          Arg("sp_inputs", TENSORS, "The sparse tensors (COO) to concatenate."),
+          Arg("sp_inputs", TENSORS, "The sparse tensors (any one layout) to concatenate.",
+              layouts=SPARSE_LAYOUTS),
           Arg("expand_nonconcat_dims", BOOL, "Let other dimensions differ; the output takes the largest.",
               default=False)],
     outputs=[Output("output", "sparse", "The concatenation, in row-major order.")],
@@ -230,6 +258,15 @@ input's value blocks, so an index stored in several inputs appears once per inpu
 )
 def concat(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims: bool = False) -> SparseTensor:
     plan = _concat_plan(axis, sp_inputs, expand_nonconcat_dims)
+    if len(sp_inputs) == 1 and sp_inputs[0].layout == "coo":
+        # As tf.sparse.concat: one input comes back as it is, not re-sorted (flagged as any
+        # concat result is, so a partitioned concat's blocks say what a whole one says).
+        t = sp_inputs[0]
+        return SparseTensor(indices=t.indices, values=t.values, dense_shape=t.dense_shape, coalesced=False)
+    compressed = sp_inputs[0].layout != "coo"
+    if compressed:
+        ref = max(sp_inputs, key=lambda t: t.compressed_indices.dtype.itemsize)
+        sp_inputs = [coo_view(t) for t in sp_inputs]
     s, ax = plan.sparse_ndim, plan.axis
     block = plan.shape[s:]
     all_indices, all_values = [], []
@@ -253,24 +290,33 @@ def concat(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims: bool
     indices = np.concatenate(all_indices) if len(all_indices) > 1 else all_indices[0]
     values = np.concatenate(all_values) if len(all_values) > 1 else all_values[0]
     indices, values = kernels.reorder(indices, values, plan.shape)
-    return SparseTensor(indices=indices, values=values, dense_shape=plan.shape, coalesced=False)
+    out = SparseTensor(indices=indices, values=values, dense_shape=plan.shape, coalesced=False)
+    return _in_layout_of(out, ref, "concat") if compressed else out
 
 
 # -------------------------------------------------------------- fill_empty_rows
 def _fill_bytes(sp_input, default_value=None, **_) -> int:
     rows = sp_input.dense_shape[0] if sp_input.ndim else 0
-    present = int(np.unique(sp_input.indices[:, 0]).size) if sp_input.nnz else 0
-    entry = 8 * sp_input.sparse_ndim + _nbytes(sp_input.dense_shape[sp_input.sparse_ndim:], sp_input.dtype)
-    return rows + (sp_input.nnz + rows - present) * entry
+    s = view_sparse_ndim(sp_input)
+    if sp_input.layout == "coo":
+        present = int(np.unique(sp_input.indices[:, 0]).size) if sp_input.nnz else 0
+    else:
+        present = 0  # an upper bound: every row may be empty
+    entry = 8 * s + _nbytes(sp_input.dense_shape[s:], sp_input.dtype)
+    return rows + (view_nnz(sp_input) + rows - present) * entry
 
 
 @REGISTRY.op(
     "fill_empty_rows",
     doc="""Fills empty rows with default_value (tf.sparse.fill_empty_rows).
 Rows are the first dimension. Each row without a stored entry gets one at [row, 0, ..., 0]
-(a whole value block of default_value for a hybrid tensor). The output is in row-major order
-(stable: repeated indices are kept in input order); empty_row_indicator[i] is true iff row i
-of the input was empty.""",
+(a whole value block of default_value for a hybrid tensor). The output is ordered by row, as
+TensorFlow's is: stably, so the entries of one row keep their input order (a sorted input gives a
+sorted output); empty_row_indicator[i] is true iff row i
+of the input was empty.""" + _VIEW_DOC + """ (a stored block fills each of its rows),
+the result in the input's layout, blocksize and index dtype, coalesced (torch's layout). Rows are
+the first dimension, a batch dimension of a batched tensor; its batches must then hold the same
+number of entries after filling (INVALID_ARGUMENT otherwise).""",
     args=[SP_INPUT,
           Arg("default_value", SCALAR, "The value of the entries added, cast to the values' dtype.")],
     outputs=[Output("output", "sparse", "The input with every empty row filled, row-major."),
@@ -279,6 +325,9 @@ of the input was empty.""",
 )
 def fill_empty_rows(sp_input: SparseTensor, default_value):
     default = cast_scalar(default_value, sp_input.dtype, "default_value")
+    if sp_input.layout != "coo":
+        out, empty = fill_empty_rows(coo_view(sp_input), default)
+        return _in_layout_of(out, sp_input, "fill_empty_rows"), empty
     s = sp_input.sparse_ndim
     rows = sp_input.dense_shape[0]
     empty = np.ones(rows, np.bool_)
@@ -294,7 +343,9 @@ def fill_empty_rows(sp_input: SparseTensor, default_value):
     new_values = np.full((k, *sp_input.values.shape[1:]), default, sp_input.dtype)
     indices = np.concatenate([sp_input.indices, new_indices])
     values = np.concatenate([sp_input.values, new_values])
-    indices, values = kernels.reorder(indices, values, sp_input.dense_shape)
+    # Ordered by row only, stably (as TensorFlow's kernel): a row's entries keep their input order.
+    perm = argsort_stable(indices[:, 0])
+    indices, values = indices[perm], gather_rows(values, perm)
     out = SparseTensor(indices=indices, values=values, dense_shape=sp_input.dense_shape,
                        coalesced=sp_input.coalesced)
     return out, empty
@@ -313,7 +364,7 @@ class _SelectPlan:
 
 
 def _select_plan(sp_input: SparseTensor, index: list) -> _SelectPlan:
-    shape, s = sp_input.dense_shape, sp_input.sparse_ndim
+    shape, s = sp_input.dense_shape, view_sparse_ndim(sp_input)
     if len(index) > len(shape):
         raise InvalidArgumentError(f"index has {len(index)} items but sp_input has rank {len(shape)}",
                                    reason="TOO_MANY_INDICES")
@@ -369,7 +420,12 @@ negative start/stop allowed, step positive) over the leading dimensions; missing
 ones are taken whole. An int removes its dimension, a slice keeps it. Sparse dimensions come
 first; for a hybrid tensor, items past them index the values' dense dimensions. The result is
 sparse of lower (or equal) rank, keeping the input's entry order (duplicates kept), or dense
-when every sparse dimension is fixed by an int (repeated entries summed).""",
+when every sparse dimension is fixed by an int (repeated entries summed).""" + _VIEW_DOC + """:
+ints and slices over batch dimensions select batches. The result keeps the input's layout,
+blocksize and index dtype while both compressed dimensions remain (slices over them; torch
+keeps CSR for a batch index or a dense-dimension index), for BSR/BSC only when the blocksize
+divides the remaining ones (INVALID_ARGUMENT, BLOCKSIZE, otherwise); an int over a compressed
+dimension gives COO, as torch's select does (every element of a stored block stored).""",
     args=[SP_INPUT,
           Arg("index", INDEX, "Ints and [start, stop, step] slices over the leading dimensions.")],
     outputs=[Output("output", "sparse", "The selection: sparse, or dense when every sparse dim is fixed.")],
@@ -377,6 +433,20 @@ when every sparse dimension is fixed by an int (repeated entries summed).""",
 )
 def select(sp_input: SparseTensor, index: list):
     plan = _select_plan(sp_input, index)
+    if sp_input.layout != "coo":
+        nb = sp_input.batch_ndim
+        out = select(coo_view(sp_input), index)
+        if not (plan.keep[nb] and plan.keep[nb + 1]):
+            return out
+        if sp_input.layout in ("bsr", "bsc"):
+            kept = [n for n, k in zip(plan.length[:nb + 2], plan.keep[:nb + 2]) if k][-2:]
+            br, bc = (int(b) for b in sp_input.blocksize)
+            if kept[0] % br or kept[1] % bc:
+                raise InvalidArgumentError(
+                    f"index leaves compressed dimensions {kept}, which blocksize {[br, bc]} of the "
+                    f"{sp_input.layout} sp_input does not divide; slice whole blocks (lengths that are "
+                    "multiples of the blocksize)", reason="BLOCKSIZE")
+        return _in_layout_of(out, sp_input, "select")
     s = sp_input.sparse_ndim
     rows, new_indices = sk.select(sp_input.indices, plan.start[:s], plan.step[:s], plan.length[:s],
                                   plan.keep[:s])
