@@ -14,8 +14,8 @@ from numba import njit, prange
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
-from ._sort import (delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen, gather_rows,
-                    linearize, packed_order, read_only_indices, segment_starts_kernel, sequential_order,
+from ._sort import (argsort_stable, delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen,
+                    gather_rows, linearize, packed_order, read_only_indices, segment_starts_kernel, sequential_order,
                     sorted_indices_kernel, split_packed, unique_runs)
 
 
@@ -425,3 +425,4 @@ def warm_up() -> None:
                 to_dense(frozen(ci), frozen(cv), full, values.reshape(-1)[0], True)
                 from_dense(frozen(dense), 2)
         indices_in_range(indices, np.array([side, side]))
+        argsort_stable(indices[:, 0])  # fill_empty_rows' stable order by row

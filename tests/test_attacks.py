@@ -29,7 +29,8 @@ LIMITS = {"--max-request-bytes": 256 * KiB, "--max-result-bytes": 1024 * KiB, "-
 
 G = SparseTensor(indices=[[0, 0], [1, 2]], values=[1.0, 2.0], dense_shape=[3, 4])
 I64 = SparseTensor(indices=[[0, 0], [1, 2]], values=np.array([1, 2], np.int64), dense_shape=[3, 4])
-CSR = SparseTensor(layout="csr", compressed_indices=[0, 1, 1, 2], plain_indices=[0, 3], values=[1.0, 2.0],
+# index_select is declared for COO and CSR only (no library selects along a CSC tensor).
+CSC = SparseTensor(layout="csc", compressed_indices=[0, 1, 1, 1, 2], plain_indices=[0, 2], values=[1.0, 2.0],
                    dense_shape=[3, 4])
 
 
@@ -121,7 +122,7 @@ CASES = [
     ("unknown function", "map_values", dict(sp_input=G, fn="exec"), "INVALID_ARGUMENT", "UNKNOWN_FUNCTION"),
     ("blocksize that does not divide", "convert", dict(sp_input=G, layout="bsr", blocksize=[2, 3]),
      "INVALID_ARGUMENT", "BLOCKSIZE"),
-    ("layout the op is not declared for", "fill_empty_rows", dict(sp_input=CSR, default_value=0.0),
+    ("layout the op is not declared for", "index_select", dict(input=CSC, dim=0, index=np.array([0])),
      "UNIMPLEMENTED", "UNSUPPORTED_LAYOUT"),
     # limits
     ("dense result over --max-result-bytes", "to_dense", dict(sp_input=coo([[0, 0]], [1.0], [100000, 100000])),

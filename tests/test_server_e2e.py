@@ -137,8 +137,8 @@ def test_error_classes_are_the_same_on_every_wire(server, case):
                 elif case == "unknown-arg":
                     c.call("reorder", sp_input=np.eye(2), bogus=1)
                 elif case == "layout":
-                    c.reorder(SparseTensor(layout="csr", compressed_indices=[0, 1], plain_indices=[0],
-                                           values=[1.0], dense_shape=[1, 1]))
+                    c.index_select(SparseTensor(layout="csc", compressed_indices=[0, 1], plain_indices=[0],
+                                                values=[1.0], dense_shape=[1, 1]), dim=0, index=[0])
                 elif case == "too-large":
                     c.to_dense(SparseTensor(indices=[[0, 0]], values=[1.0], dense_shape=[100_000, 100_000]))
                 else:
