@@ -1,0 +1,160 @@
+"""mm's GPU kernel (sum, mean, amax, amin) held to its CPU kernel's answers.
+
+Each call is bound with the op's real ``bind`` and run through the GPU backend's dispatch
+(``ArrayBackend.run``) and on the CPU kernel. Calls the GPU kernel supports must not fall back
+(so the device path really ran) and must agree with the CPU to a tight tolerance (sums run in
+another order on the device); the others fall back with the expected reason and give the CPU's
+answer or raise its error. The ``array_backend`` fixture runs everything on numpy + scipy.sparse
+standing in for CuPy, and on CuPy itself where a GPU is present (it skips with the reason
+otherwise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparseserve import SparseTensor
+from sparseserve.errors import SparseServeError
+from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.server.device import ArrayBackend
+from sparseserve.server.ops import REGISTRY
+
+REDUCES = ("sum", "mean", "amax", "amin")
+OP = REGISTRY.get("mm")
+
+
+class Runs:
+    def __init__(self, be: ArrayBackend):
+        self.be = be
+        self.fallbacks: list[tuple[str, str]] = []
+        be.on_fallback = lambda op, reason: self.fallbacks.append((op, reason))
+
+    def both(self, **args):
+        bound = OP.bind(args)
+        self.fallbacks.clear()
+        try:
+            want = OP.run("cpu", bound)[0]
+        except SparseServeError as exc:
+            want = exc
+        try:
+            got = self.be.run(OP, bound)[0]
+        except SparseServeError as exc:
+            return exc, want
+        if not self.fallbacks:
+            assert isinstance(got, self.be.xp.ndarray)  # the device path returns a device array
+        return self.be.to_host(got), want
+
+    def same(self, **args) -> np.ndarray:
+        got, want = self.both(**args)
+        assert not self.fallbacks, f"mm fell back: {self.fallbacks}"
+        assert not isinstance(want, Exception), f"the CPU kernel raised {want!r}"
+        assert not isinstance(got, Exception), f"the GPU kernel raised {got!r}"
+        got = np.asarray(got)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        tol = 2e-5 if want.dtype == np.float32 or want.dtype == np.complex64 else 1e-12
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+        return got
+
+    def falls_back(self, reason: str, **args):
+        got, want = self.both(**args)
+        assert self.fallbacks == [("mm", reason)], self.fallbacks
+        if isinstance(want, Exception):
+            assert type(got) is type(want) and got.reason == want.reason, (got, want)
+        else:
+            np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.fixture
+def runs(array_backend) -> Runs:
+    return Runs(array_backend)
+
+
+def messy_coo(rng, shape, nnz, dtype) -> SparseTensor:
+    """Random order, repeated indices, an explicit zero."""
+    m, n = shape
+    nnz = nnz if m * n else 0
+    idx = np.stack([rng.integers(0, max(m, 1), nnz), rng.integers(0, max(n, 1), nnz)], axis=1)
+    if nnz > 3:
+        idx[-1] = idx[0]
+    values = (rng.integers(-6, 7, nnz) / 2).astype(dtype)
+    if nnz > 1:
+        values[1] = 0
+    return SparseTensor(indices=idx.reshape(nnz, 2), values=values, dense_shape=shape)
+
+
+def layouts_of(rng, shape, nnz, dtype):
+    t = messy_coo(rng, shape, nnz, dtype)
+    yield t
+    for layout in ("csr", "csc"):
+        yield convert(t, layout)
+    # a CSR whose rows repeat and disorder their columns (every stored entry counts)
+    m, n = shape
+    if m and n:
+        counts = rng.integers(0, min(n, 3) + 1, m)
+        ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        yield SparseTensor(layout="csr", compressed_indices=ptr,
+                           plain_indices=rng.integers(0, n, int(ptr[-1])).astype(np.int32),
+                           values=(rng.integers(-6, 7, int(ptr[-1])) / 2).astype(dtype), dense_shape=shape)
+
+
+def convert(t, layout):
+    op = REGISTRY.get("convert")
+    return op.run("cpu", op.bind({"sp_input": t, "layout": layout}))[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reduce", REDUCES)
+@pytest.mark.parametrize("shape, k", [((6, 5), 3), ((1, 1), 1), ((0, 3), 2), ((4, 0), 2), ((5, 4), 0), ((9, 7), 4)])
+def test_gpu_kernel_equals_cpu_kernel(runs, dtype, reduce, shape, k):
+    rng = np.random.default_rng(sum(shape) * 10 + k)
+    x = rng.standard_normal((shape[1], k)).astype(dtype)
+    for mat1 in layouts_of(rng, shape, 2 * max(shape) + 1, dtype):
+        runs.same(mat1=mat1, mat2=x, reduce=reduce)
+
+
+@pytest.mark.parametrize("reduce", REDUCES)
+def test_nan_inf_and_empty_rows(runs, reduce):
+    t = SparseTensor(layout="csr", compressed_indices=np.array([0, 2, 2, 4, 6]), plain_indices=np.array([0, 1, 1, 0, 0, 1]),
+                     values=np.array([1.0, np.nan, -np.inf, 2.0, -1.0, -2.0]), dense_shape=[4, 2])
+    x = np.array([[1.0, -2.0, 0.0], [3.0, np.nan, 4.0]])
+    runs.same(mat1=t, mat2=x, reduce=reduce)
+
+
+def test_large_graph_past_the_parallel_threshold(runs):
+    rng = np.random.default_rng(11)
+    n, e = 5_000, 2 * PARALLEL_MIN
+    t = SparseTensor(indices=np.stack([rng.integers(0, n, e), rng.integers(0, n, e)], axis=1),
+                     values=rng.standard_normal(e).astype(np.float32), dense_shape=[n, n])
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    for reduce in REDUCES:
+        runs.same(mat1=t, mat2=x, reduce=reduce)
+
+
+def test_complex_sum_runs_on_the_device(runs):
+    rng = np.random.default_rng(5)
+    t = messy_coo(rng, (4, 3), 7, np.complex128)
+    t = SparseTensor(indices=t.indices, values=t.values * (1 - 2j), dense_shape=[4, 3])
+    runs.same(mat1=t, mat2=(rng.standard_normal((3, 2)) + 1j).astype(np.complex128))
+
+
+def test_calls_it_cannot_take_fall_back(runs):
+    rng = np.random.default_rng(2)
+    t = messy_coo(rng, (4, 4), 6, np.float64)
+    x = np.ones((4, 2))
+    # float16 and integers: the CPU kernel (float16 computed in float32; integers refused for mean)
+    half = SparseTensor(indices=t.indices, values=t.values.astype(np.float16), dense_shape=[4, 4])
+    runs.falls_back("dtype", mat1=half, mat2=x.astype(np.float16), reduce="mean")
+    ints = SparseTensor(indices=t.indices, values=t.values.astype(np.int64), dense_shape=[4, 4])
+    runs.falls_back("dtype", mat1=ints, mat2=x.astype(np.int64))
+    runs.falls_back("argument", mat1=ints, mat2=x.astype(np.int64), reduce="amax")
+    # block layouts, and everything the CPU kernel refuses (raised by it, with its reason)
+    runs.falls_back("layout", mat1=convert_blocks(t), mat2=x, reduce="amin")
+    runs.falls_back("argument", mat1=t, mat2=np.ones((3, 2)), reduce="mean")
+    runs.falls_back("argument", mat1=t, mat2=x, reduce="median")
+    runs.falls_back("argument", mat1=t, mat2=x.astype(np.float32), reduce="amax")
+
+
+def convert_blocks(t):
+    op = REGISTRY.get("convert")
+    return op.run("cpu", op.bind({"sp_input": t, "layout": "bsr", "blocksize": [2, 2]}))[0]
