@@ -544,16 +544,17 @@ def _mul_intersection(x: SparseTensor, y: SparseTensor, dtype: np.dtype) -> Spar
 def _mul_coo_coo(a: SparseTensor, b: SparseTensor, dtype: np.dtype) -> SparseTensor:
     same_structure = (a.ndim == b.ndim and a.sparse_ndim == b.sparse_ndim
                       and list(a.dense_shape[:a.sparse_ndim]) == list(b.dense_shape[:b.sparse_ndim]))
-    if list(a.dense_shape) == list(b.dense_shape):
-        if a.nnz == 0 or b.nnz == 0:
-            return _empty(a.dense_shape, a.sparse_ndim, dtype)
     if not same_structure:
         raise InvalidArgumentError(
             f"a (dense_shape {list(a.dense_shape)}, {a.sparse_ndim} sparse dimensions) and b (dense_shape "
             f"{list(b.dense_shape)}, {b.sparse_ndim} sparse dimensions): sparse * sparse needs equal "
             "ranks, equal sparse dimensions, and broadcasts only over dense dimensions",
             reason="SHAPE_MISMATCH")
-    _broadcast(a.dense_shape, b.dense_shape, "a", "b")
+    shape = _broadcast(a.dense_shape, b.dense_shape, "a", "b")
+    if a.nnz == 0 or b.nnz == 0:
+        # torch answers an empty operand with an empty product (and crashes where dense dimensions
+        # broadcast against an empty one: 2.13's setStorage error); the same answer here.
+        return _empty(shape, a.sparse_ndim, dtype)
     if list(a.dense_shape) == list(b.dense_shape) and _coalesced(a) and _coalesced(b):
         return _mul_merge(a, b, dtype)
     return _mul_intersection(a, b, dtype)
