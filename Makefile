@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: serve test image-test bench proto docs clean
+.PHONY: serve test image-test bench proto docs sdk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ proto: $(VENV)/.dev
 # The README's op table and docs/ops.md, from the op registry (tests/test_docs_fresh.py checks them).
 docs: $(VENV)/.dev
 	$(BIN)/python tools/gen_docs.py
+
+# client/_ops.py, the SDK's typed op methods, from the op registry (tests/test_sdk_fresh.py checks it).
+sdk: $(VENV)/.dev
+	$(BIN)/python tools/gen_sdk.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

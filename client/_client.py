@@ -1,8 +1,9 @@
 """``Client`` and ``AsyncClient``: one surface over gRPC and REST (SPEC section 7).
 
-The op methods are not written here: they come from the server's catalogue
-(``ListOps``), so a new server op is callable with no SDK change, by method
-(``c.reorder(st)``) or by name (``c.call("reorder", st)``).
+The op methods are not written here: ``_ops`` (generated from the op registry by
+``make sdk``) holds one typed method per op, which both clients inherit. An op a newer server
+adds is callable with no SDK change all the same, by a method built from the server's
+catalogue (``ListOps``, see ``__getattr__``) or by name (``c.call("reorder", st)``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import ssl
+import types
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +25,7 @@ from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
 from ._convert import as_tensor, is_tensor_like
 from ._frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
 from ._http_async import AsyncConnections
+from ._ops import AsyncClientOps, ClientOps
 from ._pipeline import Pipeline
 from ._tensor import HandleRef, SparseTensor
 from .v1 import sparseserve_pb2 as pb
@@ -116,6 +119,21 @@ def _check_put_options(shared_memory: bool, partitions: int) -> None:
 
 def _handle_of(h: HandleRef | str) -> str:
     return h.handle if isinstance(h, HandleRef) else str(h)
+
+
+def _declared_as(fn, entry: dict) -> bool:
+    """Whether the generated method ``fn`` has the arguments (names, order, defaults) of the
+    catalogue entry ``entry``."""
+    args = getattr(fn, "_sparseserve_args", None)
+    if args is None:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        args = fn._sparseserve_args = [(p.name, p.default is inspect.Parameter.empty,
+                                        None if p.default is inspect.Parameter.empty else p.default)
+                                       for p in params if p.name not in ("keep", "request_id")]
+    try:
+        return args == [(a["name"], a["required"], a["default"]) for a in entry["args"]]
+    except (ValueError, TypeError):  # a default numpy will not compare to a bool
+        return False
 
 
 class _Base:
@@ -247,6 +265,27 @@ class _Base:
         fn.__signature__ = inspect.Signature(params)
         return fn
 
+    def _known_catalogue(self) -> dict[str, dict] | None:
+        """The server's catalogue, where this client has it (``Client`` fetches it)."""
+        return self._catalogue
+
+    def _op_method(self, fn):
+        """The generated op method ``fn`` (``_ops``) bound to this client and kept on the
+        instance, as the catalogue-built methods are. Where the client has the server's
+        catalogue, it follows it: no method for an op the server lacks (AttributeError), and
+        the catalogue-built one for an op the server declares differently (another version)."""
+        name = fn.__name__
+        catalogue = self._known_catalogue()
+        if catalogue is not None:
+            entry = catalogue.get(name)
+            if entry is None:
+                raise AttributeError(f"{type(self).__name__} has no attribute or op {name!r}")
+            if not _declared_as(fn, entry):
+                return self.__getattr__(name)
+        method = types.MethodType(fn, self)
+        self.__dict__[name] = method
+        return method
+
     def _op_attr(self, name: str, catalogue: dict):
         if name.startswith("_") or name not in catalogue:
             raise AttributeError(f"{type(self).__name__} has no attribute or op {name!r}")
@@ -259,7 +298,7 @@ class _Base:
         return f"{type(self).__name__}({self.target!r})"
 
 
-class Client(_Base):
+class Client(_Base, ClientOps):
     """A blocking client.
 
     ``Client("localhost:50051")`` speaks gRPC; ``Client("http://localhost:8000")``
@@ -295,6 +334,9 @@ class Client(_Base):
         except (httpx.HTTPError, *_http.TRANSPORT_ERRORS) as exc:
             raise _wire.transport_error(exc, rid) from None
         return self._checked(response, rid)
+
+    def _known_catalogue(self) -> dict[str, dict]:
+        return self.list_ops()
 
     def list_ops(self) -> dict[str, dict]:
         """The server's op catalogue, by name (fetched once, then cached)."""
@@ -406,9 +448,9 @@ class Client(_Base):
         self.close()
 
 
-class AsyncClient(_Base):
-    """The same surface as ``Client``, with ``await``; op methods need ``await c.list_ops()`` first
-    (or use ``await c.call(name, ...)``, which needs nothing)."""
+class AsyncClient(_Base, AsyncClientOps):
+    """The same surface as ``Client``, with ``await``. Op methods of ops the server adds beyond
+    those this SDK knows need ``await c.list_ops()`` first (or ``await c.call(name, ...)``)."""
 
     def __init__(self, target: str, **kwargs: Any):
         super().__init__(target, **kwargs)
@@ -488,8 +530,8 @@ class AsyncClient(_Base):
 
     def __getattr__(self, name: str):
         if self._catalogue is None and not name.startswith("_"):
-            raise AttributeError(f"{name!r}: call `await client.list_ops()` once before using op "
-                                 "methods, or use `await client.call(name, ...)`")
+            raise AttributeError(f"{name!r} is not an op this SDK knows: `await client.list_ops()` once "
+                                 "makes the server's ops methods, or use `await client.call(name, ...)`")
         op = self._op_attr(name, self._catalogue or {})
 
         async def method(*a, keep=False, request_id=None, **k):
