@@ -24,6 +24,7 @@ README = ROOT / "README.md"
 CATALOGUE = ROOT / "docs" / "ops.md"
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"
 
+_SUMMARY_CHARS = 110
 _LAYOUT_WORDS = {("coo", "csr", "csc", "bsr", "bsc"): "any sparse"}
 
 
@@ -58,6 +59,8 @@ def op_table(catalogue: list[dict]) -> str:
         outputs = ", ".join(f"{o['name']} ({o['type']})" for o in entry["outputs"])
         summary = entry["doc"].split("\n\n")[0].replace("\n", " ")
         summary = summary.split(". ")[0].rstrip(".") + "."
+        if len(summary) > _SUMMARY_CHARS:  # the rest is in docs/ops.md
+            summary = summary[:summary.rfind(" ", 0, _SUMMARY_CHARS)] + " …"
         rows.append(f"| `{entry['name']}` | {_tensor_args(entry)} | {outputs} | {_escape(summary)} |")
     return "\n".join(rows)
 
