@@ -11,21 +11,11 @@ import argparse
 import datetime
 import os
 import platform
-import time
 
 import numpy as np
 
 from sparseserve import kernels
-
-
-def best_of(fn, repeat: int) -> float:
-    fn()  # warm: compile or load kernels, touch memory
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from ._timing import best_of
 
 
 def coo_data(nnz: int, n: int, dup_fraction: float, seed: int = 0):

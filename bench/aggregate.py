@@ -18,30 +18,12 @@ import argparse
 import datetime
 import os
 import platform
-import time
 import warnings
 
 import numpy as np
 
 from sparseserve import SparseTensor
-
-
-def best_of(fn, repeat: int) -> float:
-    return paired([fn], repeat)[0]
-
-
-def paired(fns, repeat: int) -> list[float]:
-    """Best time of each of ``fns``, run in turn within every round: on a shared machine a burst
-    of load then slows every contender of that round, not one of them."""
-    for fn in fns:
-        fn()  # warm: load kernels, touch memory
-    best = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
+from ._timing import paired
 
 
 def random_graph(n: int, edges: int, seed: int = 0):

@@ -9,21 +9,11 @@ sparseserve is faster). ``python -m bench.index_select --scale 0.1`` for a quick
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 from sparseserve import SparseTensor
-
-
-def best_of(fn, repeat: int) -> float:
-    fn()  # warm: load kernels, touch memory
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from ._timing import best_of
 
 
 def matrix(n: int, nnz: int, seed: int = 0) -> SparseTensor:

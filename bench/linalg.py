@@ -13,21 +13,11 @@ import argparse
 import datetime
 import os
 import platform
-import time
 
 import numpy as np
 
 from sparseserve import SparseTensor
-
-
-def best_of(fn, repeat: int) -> float:
-    fn()  # warm: load kernels, touch memory
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from ._timing import best_of
 
 
 def random_csr(n: int, per_row: int, seed: int, index_dtype=np.int32) -> SparseTensor:

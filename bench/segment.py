@@ -20,33 +20,9 @@ import argparse
 import datetime
 import os
 import platform
-import time
 
 import numpy as np
-
-
-def best_of(fn, repeat: int) -> float:
-    fn()  # warm: load kernels, touch memory
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def best_of_each(fns: dict, repeat: int) -> dict:
-    """Best time of each contender, their runs interleaved (ours, peer, peer, ours, ...) so that
-    load from other processes on a shared machine falls on all of them alike."""
-    for fn in fns.values():
-        fn()  # warm: load kernels, touch memory
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(t) for name, t in times.items()}
+from ._timing import best_of_each
 
 
 def make_data(rows: int, width: int, segments: int, seed: int = 0):

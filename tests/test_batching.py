@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError, kernels
+from sparseserve import InvalidArgumentError, SparseTensor, kernels
 from sparseserve._dtypes import DTYPE_NAMES
 from sparseserve._tensor import HandleRef
 from sparseserve.errors import InternalError
@@ -231,9 +231,14 @@ def test_bad_call_fails_alone(kernel_calls):
     with batching_service() as service:
         results = run_all(service, calls)
         assert (service.batcher.merged_batches, service.batcher.merged_calls) == (1, len(good))
-    bad = results[2:6]
-    expected = [(InvalidArgumentError, "INDEX_OUT_OF_RANGE"), (UnimplementedError, None),
-                (InvalidArgumentError, "UNKNOWN_ARGUMENT"), (InvalidArgumentError, "MISSING_ARGUMENT")]
+    # A CSR tensor is never merged (batches are COO): it runs alone and gets its own answer.
+    answer, want = results[3][0][1], alone("reorder", csr)
+    assert answer.layout == want.layout == "csr"
+    for a, b in zip(answer.arrays(), want.arrays()):
+        np.testing.assert_array_equal(a, b)
+    bad = results[2:3] + results[4:6]
+    expected = [(InvalidArgumentError, "INDEX_OUT_OF_RANGE"), (InvalidArgumentError, "UNKNOWN_ARGUMENT"),
+                (InvalidArgumentError, "MISSING_ARGUMENT")]
     for error, (cls, reason) in zip(bad, expected):
         assert isinstance(error, cls), error
         assert reason is None or error.reason == reason
