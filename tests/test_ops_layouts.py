@@ -19,22 +19,13 @@ from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
 from conftest import op_raises, run_op
+from oracle._oracle import random_values
 
 run, raises = run_op, op_raises
 SETTINGS = settings(max_examples=30, deadline=None)
 COMPRESSED = ("csr", "csc", "bsr", "bsc")
 FLOATS = ("float32", "float64")
 DTYPES = ("bool", "int8", "int32", "int64", "uint8", "float16", "float32", "float64", "complex64")
-
-
-def random_values(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    raw = rng.integers(0 if dtype.kind == "u" else -5, 6, size=shape)
-    if dtype.kind == "c":
-        return (raw + 1j * rng.integers(-5, 6, size=shape)).astype(dtype)
-    return (raw / 2).astype(dtype) if dtype.kind == "f" else raw.astype(dtype)
 
 
 # ------------------------------------------------------------------ inputs

@@ -258,10 +258,12 @@ result whose batches would hold different numbers of entries is INVALID_ARGUMENT
 )
 def concat(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims: bool = False) -> SparseTensor:
     plan = _concat_plan(axis, sp_inputs, expand_nonconcat_dims)
-    if len(sp_inputs) == 1 and sp_inputs[0].layout == "coo":
-        # As tf.sparse.concat: one input comes back as it is, not re-sorted (flagged as any
-        # concat result is, so a partitioned concat's blocks say what a whole one says).
+    if len(sp_inputs) == 1:
+        # As tf.sparse.concat: one input comes back as it is, not re-sorted (a COO one flagged as
+        # any concat result is, so a partitioned concat's blocks say what a whole one says).
         t = sp_inputs[0]
+        if t.layout != "coo":
+            return t
         return SparseTensor(indices=t.indices, values=t.values, dense_shape=t.dense_shape, coalesced=False)
     compressed = sp_inputs[0].layout != "coo"
     if compressed:
