@@ -19,19 +19,22 @@ from sparseserve.server.config import build_parser, env_name
 
 from conftest import ServerProcess
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+SEMANTICS = (ROOT / "docs" / "semantics.md").read_text()
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+def _blocks(lang: str, text: str = README) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
-@pytest.mark.parametrize("example", [0, 1, 2], ids=["quickstart", "pipeline", "linear-algebra"])
-def test_readme_sdk_examples_print_what_they_say(server, example):
-    code = _blocks("python")[example].replace("localhost:50051", server.grpc_target)
+@pytest.mark.parametrize("text, example", [(README, 0), (README, 1), (SEMANTICS, 0)],
+                         ids=["quickstart", "pipeline", "linear-algebra"])
+def test_readme_sdk_examples_print_what_they_say(server, text, example):
+    code = _blocks("python", text)[example].replace("localhost:50051", server.grpc_target)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == _blocks("text")[example]
+    assert result.stdout == _blocks("text", text)[example]
 
 
 def test_readme_curl_examples_answer_what_they_say(server):

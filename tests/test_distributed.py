@@ -501,7 +501,7 @@ def block_keys_of(dask: Client, handle: str) -> list[str]:
 
 
 def test_readme_example_prints_what_it_says(cluster):
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "scale-out.md").read_text()
     code, printed = re.search(r"```python\n([^`]*partitions=4[^`]*)```\n\n```text\n(.*?)```", readme,
                               flags=re.S).groups()
     server = ServerProcess("--dask-scheduler", cluster.scheduler_address)
@@ -515,7 +515,7 @@ def test_readme_example_prints_what_it_says(cluster):
 
 
 def test_readme_lists_exactly_the_ops_with_a_plan():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "scale-out.md").read_text()
     table = readme.split("**Which ops run where the blocks are.**")[1].split("\n\n")[1]
     listed = set(re.findall(r"`(\w+)`", "\n".join(row.split("|")[1] for row in table.splitlines()[2:])))
     assert listed == {op.name for op in REGISTRY if "dask" in op.kernels}
