@@ -128,6 +128,24 @@ def segment_starts_kernel(sorted_keys):
     return starts
 
 
+def row_words(a: np.ndarray) -> np.ndarray:
+    """The rows (along axis 0) of ``a``, any dtype and trailing shape, as a C-contiguous
+    [n, k] array of unsigned words, the widest that divides a row: kernels move rows as
+    opaque words, one signature per word width rather than per dtype."""
+    a = np.ascontiguousarray(a)
+    n, inner = a.shape[0], int(np.prod(a.shape[1:], dtype=np.int64))
+    row_bytes = a.dtype.itemsize * inner
+    if row_bytes == 0:
+        return np.zeros((n, 0), np.uint8)
+    word = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
+    return a.reshape(n, inner).view(np.dtype(f"u{word}")).reshape(n, row_bytes // word)
+
+
+def from_row_words(words: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Rows made by moving ``row_words(like)``, as ``like``'s dtype and trailing shape."""
+    return words.view(like.dtype).reshape((words.shape[0], *like.shape[1:]))
+
+
 def gather_rows(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
     """``a[perm]`` along axis 0 for any dtype: rows move as opaque words, no arithmetic.
 
@@ -136,15 +154,11 @@ def gather_rows(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
     """
     if 0 < a.shape[0] < _parallel.PARALLEL_MIN:  # small: the word view's set-up is most of the work
         return a.take(perm, axis=0)
-    a = np.ascontiguousarray(a)
-    n = a.shape[0]
-    row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
-    if n == 0 or row_bytes == 0:
+    if a.shape[0] == 0 or a.nbytes == 0:
         return np.empty((perm.size, *a.shape[1:]), a.dtype)
-    word = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
-    words = a.reshape(n, -1).view(np.dtype(f"u{word}")).reshape(n, row_bytes // word)
+    words = row_words(a)
     out = np.take(words, perm, axis=0) if words.shape[1] > 1 else np.take(words[:, 0], perm)[:, None]
-    return out.view(a.dtype).reshape((perm.size, *a.shape[1:]))
+    return from_row_words(out, a)
 
 
 def frozen(a: np.ndarray) -> np.ndarray:

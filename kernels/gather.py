@@ -26,7 +26,8 @@ import numpy as np
 from numba import njit, prange
 
 from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
-from ._sort import frozen
+from ._sort import from_row_words, frozen, row_words
+from .linalg import prefetch
 
 # Dimensions up to this long (or up to a few times the work) get a direct lookup table.
 TABLE_MAX = 1 << 26
@@ -160,91 +161,195 @@ def entry_major_kernel(indices, col, entries, groups, group_starts, positions, n
     return out, src
 
 
-@njit(nogil=True, cache=True, parallel=True)
-def csr_rows_kernel(ptr, plain, rows, n_chunks):
-    """Rows ``rows`` of a CSR matrix: (ptr, plain indices, source entry of each), and whether
-    every selected row's plain indices are strictly increasing (else the caller sorts)."""
-    n = rows.size
-    out_ptr = np.empty(n + 1, np.int64)
-    out_ptr[0] = 0
-    for i in range(n):
+# The copies below move each selected run of entries whole: its index rows and its value rows
+# (as words, any dtype) in one pass, reading ahead: the runs lie at random in arrays far larger
+# than the caches, so the next runs' lines are prefetched while this one is copied. Measured on
+# 100,000 runs of ~10 entries out of 10M (2 threads): 5.2 ms, against 21 ms for copying the
+# index rows and then gathering the values by a source-entry list (6.9 ms without the
+# prefetches, 5.7 with only a run's first two lines).
+RUNS_AHEAD = 16
+
+
+@njit(nogil=True, cache=True)
+def _copy_runs(indices, col, words, starts, out_start, i0, i1, out, out_words):
+    """Copies run i (entries ``starts[i]`` onwards, ``out_start[i + 1] - out_start[i]`` of
+    them) for i in [i0, i1) to ``out_start[i]`` of the outputs; column ``col`` (if >= 0) of
+    the copied index rows becomes i. Each run moves as flat slices (a loop over a whole
+    slice vectorizes: 5.5 ms against 8 for the same copy entry by entry)."""
+    s = indices.shape[1]
+    w = words.shape[1]
+    flat = indices.reshape(-1)
+    flat_words = words.reshape(-1)
+    flat_out = out.reshape(-1)
+    flat_out_words = out_words.reshape(-1)
+    for i in range(i0, i1):
+        if i + RUNS_AHEAD < i1:  # the lines of a run ahead, up to four (a run of ~10 entries)
+            a = starts[i + RUNS_AHEAD]
+            end = out_start[i + RUNS_AHEAD + 1] - out_start[i + RUNS_AHEAD] + a
+            for p in range(a * s, min(end * s, a * s + 32), 8):
+                prefetch(flat, p)
+            prefetch(flat_words, a * w)
+        o = out_start[i]
+        a = starts[i]
+        m = out_start[i + 1] - o
+        src = flat[a * s:(a + m) * s]
+        dst = flat_out[o * s:(o + m) * s]
+        for k in range(src.size):
+            dst[k] = src[k]
+        if col >= 0:
+            for k in range(col, dst.size, s):
+                dst[k] = i
+        src_words = flat_words[a * w:(a + m) * w]
+        dst_words = flat_out_words[o * w:(o + m) * w]
+        for k in range(src_words.size):
+            dst_words[k] = src_words[k]
+
+
+@njit(nogil=True, cache=True)
+def _run_bounds(ptr, rows, i0, i1, starts, lengths):
+    """Start and length of row ``rows[i]``'s run (``ptr[r]:ptr[r + 1]``) for i in [i0, i1)."""
+    for i in range(i0, i1):
+        if i + RUNS_AHEAD < i1:
+            prefetch(ptr, rows[i + RUNS_AHEAD])
         r = rows[i]
-        out_ptr[i + 1] = out_ptr[i] + (ptr[r + 1] - ptr[r])
-    total = out_ptr[n]
-    out_plain = np.empty(total, plain.dtype)
-    src = np.empty(total, np.int64)
-    bad = np.zeros(n_chunks, np.bool_)
+        starts[i] = ptr[r]
+        lengths[i + 1] = ptr[r + 1] - ptr[r]
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _selected_runs(ptr, rows, n_chunks):
+    """(starts, out_start) of the runs ``ptr[r]:ptr[r + 1]`` of the rows ``rows``."""
+    n = rows.size
+    starts = np.empty(n, np.int64)
+    out_start = np.empty(n + 1, np.int64)
+    out_start[0] = 0
     chunk = (n + n_chunks - 1) // n_chunks
     for c in prange(n_chunks):
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            r = rows[i]
-            a = ptr[r]
-            o = out_ptr[i]
-            for e in range(a, ptr[r + 1]):
-                p = plain[e]
-                if e > a and p <= plain[e - 1]:
-                    bad[c] = True
-                out_plain[o] = p
-                src[o] = e
-                o += 1
-    return out_ptr, out_plain, src, not bad.any()
+        _run_bounds(ptr, rows, c * chunk, min(n, (c + 1) * chunk), starts, out_start)
+    for i in range(n):
+        out_start[i + 1] += out_start[i]
+    return starts, out_start
+
+
+@njit(nogil=True, cache=True)
+def runs_work_kernel(starts, out_start, index_threads, index_chunk, entry_threads, entry_chunk):
+    """(most entries copied by one chunk of positions, most by one chunk of entries) when the
+    selected runs are split ``index_threads`` x ``index_chunk`` positions, or
+    ``entry_threads`` x ``entry_chunk`` entries: the counts PyTorch's choice of order weighs."""
+    n = starts.size
+    index_max = 0
+    for c in range(index_threads):
+        lo, hi = min(n, c * index_chunk), min(n, (c + 1) * index_chunk)
+        index_max = max(index_max, out_start[hi] - out_start[lo])
+    entry_max = 0
+    for c in range(entry_threads):
+        lo, hi = c * entry_chunk, (c + 1) * entry_chunk
+        total = 0
+        for i in range(n):
+            a = starts[i]
+            b = a + out_start[i + 1] - out_start[i]
+            total += max(0, min(b, hi) - max(a, lo))
+        entry_max = max(entry_max, total)
+    return index_max, entry_max
+
+
+@njit(nogil=True, cache=True)
+def _increasing_in_runs(plain, starts, out_start, i0, i1):
+    for i in range(i0, i1):
+        a = starts[i]
+        for e in range(a + 1, a + out_start[i + 1] - out_start[i]):
+            if plain[e] <= plain[e - 1]:
+                return False
+    return True
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def csr_rows_kernel(ptr, plain, words, rows, n_chunks):
+    """Rows ``rows`` of a CSR matrix: (ptr, plain indices, value words), and whether every
+    selected row's plain indices are strictly increasing (else the caller sorts)."""
+    starts, out_start = _selected_runs(ptr, rows, n_chunks)
+    n = rows.size
+    total = out_start[n]
+    out_plain = np.empty((total, 1), plain.dtype)
+    out_words = np.empty((total, words.shape[1]), words.dtype)
+    ordered = np.ones(n_chunks, np.bool_)
+    chunk = (n + n_chunks - 1) // n_chunks
+    plain2d = plain.reshape(-1, 1)
+    for c in prange(n_chunks):
+        i0, i1 = c * chunk, min(n, (c + 1) * chunk)
+        _copy_runs(plain2d, -1, words, starts, out_start, i0, i1, out_plain, out_words)
+        ordered[c] = _increasing_in_runs(plain, starts, out_start, i0, i1)
+    return out_start, out_plain.reshape(-1), out_words, ordered.all()
+
+
+@njit(nogil=True, cache=True)
+def _block_run_starts(column, prev, base, ptr, spare):
+    """``ptr[v] = base + e`` where entry e of ``column`` starts a run of value v (a value other
+    than its predecessor's, ``prev`` before the first); every other entry writes ``ptr[spare]``,
+    so the loop has no branch. True if the column decreases anywhere. A loop over a whole
+    sliced view: numba vectorizes it, where a loop over ``range(a, b)`` of the full array ran
+    at a third of the speed."""
+    decreases = False
+    for e in range(column.size):
+        v = column[e]
+        decreases |= v < prev
+        ptr[v if v != prev else spare] = base + e
+        prev = v
+    return decreases
+
+
+@njit(nogil=True, cache=True)
+def _run_starts(column, prev, base, ptr, spare):
+    """``_block_run_starts`` a block at a time, stopping at the first block that decreases (a
+    column out of order costs little)."""
+    for b in range(0, column.size, 4096):
+        block = column[b:b + 4096]
+        if _block_run_starts(block, prev, base + b, ptr, spare):
+            return True
+        prev = block[block.size - 1]
+    return False
 
 
 @njit(nogil=True, cache=True, parallel=True)
 def sorted_column_ptr_kernel(indices, col, size, n_chunks):
     """(ok, ptr): when column ``col`` never decreases, ``ptr[v]`` is the first entry whose
     coordinate is at least v (so the entries of value v are ``ptr[v]:ptr[v + 1]``, in order);
-    ok is False as soon as a chunk finds the column out of order (ptr is then meaningless)."""
+    ok is False when the column decreases anywhere (ptr is then meaningless, but every value
+    in it is still in [0, nnz]). One read of the column, bandwidth-bound: 5.4 ms for 10M
+    entries, where the numpy sum of that strided column takes 4.8."""
     n = indices.shape[0]
-    ptr = np.empty(size + 1, np.int64)
+    ptr = np.full(size + 2, -1, np.int64)
     bad = np.zeros(n_chunks, np.bool_)
     chunk = (n + n_chunks - 1) // n_chunks
+    column = indices[:, col]
     for c in prange(n_chunks):
         a = c * chunk
         b = min(n, a + chunk)
-        if a >= b:
-            continue
-        prev = indices[a - 1, col] if a > 0 else -1
-        for e in range(a, b):
-            v = indices[e, col]
-            if v < prev:
-                bad[c] = True
-                break
-            for u in range(prev + 1, v + 1):
-                ptr[u] = e
-            prev = v
-    last = indices[n - 1, col] if n else -1
-    for u in range(last + 1, size + 1):
-        ptr[u] = n
-    return not bad.any(), ptr
+        if a < b:
+            bad[c] = _run_starts(column[a:b], column[a - 1] if a > 0 else -1, a, ptr, size + 1)
+    ok = not bad.any()
+    following = n
+    ptr[size] = n
+    for v in range(size - 1, -1, -1):  # values with no entry start where the next one does
+        if ptr[v] < 0 or not ok:
+            ptr[v] = following
+        following = ptr[v]
+    return ok, ptr[:size + 1]
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def sorted_rows_kernel(indices, col, ptr, index, n_chunks):
-    """Index-major result over a column sorted as ``sorted_column_ptr_kernel`` found it: for
-    each position i of index, the entries of value index[i] in order, renumbered to i."""
-    n_pos = index.size
-    out_start = np.empty(n_pos + 1, np.int64)
-    out_start[0] = 0
-    for i in range(n_pos):
-        v = index[i]
-        out_start[i + 1] = out_start[i] + ptr[v + 1] - ptr[v]
-    total = out_start[n_pos]
-    s = indices.shape[1]
-    out = np.empty((total, s), np.int64)
-    src = np.empty(total, np.int64)
-    chunk = (n_pos + n_chunks - 1) // n_chunks
+def copy_runs_kernel(indices, col, words, starts, out_start, n_chunks):
+    """Index-major result from the runs of ``_selected_runs`` over a sorted column: for each
+    position i of index, its run of entries in order, column ``col`` renumbered to i.
+    Returns (indices, value words)."""
+    n = starts.size
+    total = out_start[n]
+    out = np.empty((total, indices.shape[1]), np.int64)
+    out_words = np.empty((total, words.shape[1]), words.dtype)
+    chunk = (n + n_chunks - 1) // n_chunks
     for c in prange(n_chunks):
-        for i in range(c * chunk, min(n_pos, (c + 1) * chunk)):
-            v = index[i]
-            o = out_start[i]
-            for e in range(ptr[v], ptr[v + 1]):
-                src[o] = e
-                for j in range(s):
-                    out[o, j] = indices[e, j]
-                out[o, col] = i
-                o += 1
-    return out, src
+        _copy_runs(indices, col, words, starts, out_start, c * chunk, min(n, (c + 1) * chunk), out, out_words)
+    return out, out_words
 
 
 @njit(nogil=True, cache=True)
@@ -330,10 +435,13 @@ def build(indices: np.ndarray, col: int, entries: np.ndarray, grp: np.ndarray, g
                                   _n_chunks(entries.size))
 
 
-def csr_rows(ptr: np.ndarray, plain: np.ndarray, rows: np.ndarray):
-    """(ptr int64, plain, source entries, rows strictly sorted) of the selected CSR rows."""
+def csr_rows(ptr: np.ndarray, plain: np.ndarray, values: np.ndarray, rows: np.ndarray):
+    """(ptr int64, plain, values, rows strictly sorted) of the selected CSR rows."""
+    words = row_words(values)
     with PARALLEL_LOCK:
-        return csr_rows_kernel(frozen(ptr), frozen(plain), frozen(rows), _n_chunks(max(rows.size, plain.size // 8)))
+        out_ptr, out_plain, out_words, ordered = csr_rows_kernel(
+            frozen(ptr), frozen(plain), frozen(words), frozen(rows), _n_chunks(max(rows.size, plain.size // 8)))
+    return out_ptr, out_plain, from_row_words(out_words, values), ordered
 
 
 def sorted_column_ptr(indices: np.ndarray, col: int, size: int):
@@ -343,14 +451,36 @@ def sorted_column_ptr(indices: np.ndarray, col: int, size: int):
         return sorted_column_ptr_kernel(indices, col, size, _n_chunks(indices.shape[0]))
 
 
-def sorted_rows(indices: np.ndarray, col: int, ptr: np.ndarray, index: np.ndarray):
-    indices = frozen(np.ascontiguousarray(indices, dtype=np.int64))
+def selected_runs(ptr: np.ndarray, rows: np.ndarray):
+    """(starts, out_start): where the run ``ptr[r]:ptr[r + 1]`` of each of ``rows`` starts,
+    and where it goes in a result that lists them in order (``out_start[-1]`` entries)."""
     with PARALLEL_LOCK:
-        return sorted_rows_kernel(indices, col, frozen(ptr), frozen(index), _n_chunks(max(index.size, indices.shape[0] // 16)))
+        return _selected_runs(frozen(ptr), frozen(rows), _n_chunks(rows.size))
+
+
+def runs_work(starts: np.ndarray, out_start: np.ndarray, index_split: tuple[int, int],
+              entry_split: tuple[int, int]) -> tuple[int, int]:
+    """``runs_work_kernel`` for (threads, chunk) splits of the positions and of the entries."""
+    index_max, entry_max = runs_work_kernel(frozen(starts), frozen(out_start), *index_split, *entry_split)
+    return int(index_max), int(entry_max)
+
+
+def copy_runs(indices: np.ndarray, values: np.ndarray, col: int, starts: np.ndarray, out_start: np.ndarray):
+    """(indices, values) of ``copy_runs_kernel``."""
+    indices = frozen(np.ascontiguousarray(indices, dtype=np.int64))
+    words = row_words(values)
+    with PARALLEL_LOCK:
+        out, out_words = copy_runs_kernel(indices, col, frozen(words), frozen(starts), frozen(out_start),
+                                          _n_chunks(max(starts.size, int(out_start[-1]))))
+    return out, from_row_words(out_words, values)
 
 
 def first_out_of_range(index: np.ndarray, size: int) -> int:
     return int(first_out_of_range_kernel(frozen(np.ascontiguousarray(index, dtype=np.int64)), size))
+
+
+# Values move as words of 1, 2, 4 or 8 bytes (row_words): one kernel signature each.
+_WORD_SAMPLES = [np.zeros(3, np.float32), np.zeros(3, np.float64), np.zeros(3, np.int16), np.zeros(3, np.bool_)]
 
 
 def warm_up() -> None:
@@ -365,7 +495,11 @@ def warm_up() -> None:
             build(indices, col, entries, grp, g, False)
             count_selected(indices, col, g)
         ok, ptr = sorted_column_ptr(indices, 0, size)
-        sorted_rows(indices, 0, ptr, np.array([1, 0], np.int64))
+        starts, out_start = selected_runs(ptr, np.array([1, 0], np.int64))
+        runs_work(starts, out_start, (1, 2), (2, 2))
+        for values in _WORD_SAMPLES:
+            copy_runs(indices, values, 0, starts, out_start)
     for dtype in (np.int32, np.int64):
-        csr_rows(np.array([0, 1, 2], dtype), np.array([1, 0], dtype), np.array([1, 0], np.int64))
+        for values in _WORD_SAMPLES[:2]:
+            csr_rows(np.array([0, 1, 2], dtype), np.array([1, 0], dtype), values, np.array([1, 0], np.int64))
     first_out_of_range(np.array([0, -1], np.int64), 2)

@@ -129,6 +129,66 @@ def test_index_select_large_sorted_and_unsorted_paths_agree():
     assert np.all(np.diff(fast.indices[:, 0]) >= 0) and np.all(np.diff(slow.indices[:, 0]) >= 0)
 
 
+@pytest.mark.parametrize("dtype, dense", [(np.bool_, ()), (np.float16, (3,)), (np.complex128, ()),
+                                          (np.int8, (0,)), (np.float32, (2, 2))])
+def test_index_select_sorted_runs_move_every_dtype_whole(dtype, dense, monkeypatch):
+    """The run copy moves values as words of their row's width (1-8 bytes, hybrid rows, empty
+    rows), in the parallel path (over 65,536 entries): PyTorch's answer."""
+    torch = torch_mod()
+    from sparseserve.kernels import gather as gk
+
+    copies = []
+    copy = gk.copy_runs
+    monkeypatch.setattr(gk, "copy_runs", lambda *a: copies.append(a) or copy(*a))
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(0, 4000 * 60, 120_000))
+    values = (rng.standard_normal((keys.size, *dense)) * 4).astype(dtype)
+    t = SparseTensor(indices=np.stack([keys // 60, keys % 60], 1), values=values,
+                     dense_shape=[4000, 60, *dense], coalesced=True)
+    index = rng.integers(0, 4000, 3_000)
+    out = run_op("index_select", input=t, dim=0, index=index)
+    want = torch.index_select(t.to_torch(), 0, torch.from_numpy(index))
+    assert copies, "the sorted-runs path was not taken"
+    assert np.array_equal(out.indices, want._indices().numpy().T)
+    assert out.values.dtype == dtype and np.array_equal(out.values, want._values().numpy())
+
+
+def test_index_select_keeps_the_run_pointer_of_a_held_tensor(monkeypatch):
+    """A bound (read-only) tensor's run pointer is built once and kept while the tensor lives;
+    a tensor whose arrays can still change is not kept."""
+    import gc
+
+    from sparseserve.kernels import gather as gk
+    from sparseserve.server.ops import REGISTRY
+    from sparseserve.server.ops import gather as gather_op
+
+    builds = []
+    build = gk.sorted_column_ptr
+    monkeypatch.setattr(gk, "sorted_column_ptr", lambda *a: builds.append(a) or build(*a))
+    # 200 rows of 50 entries: a pointer of 1.6 kB beside 200 kB of tensor (kept under an eighth).
+    keys = np.arange(0, 200 * 100, 2)
+    t = SparseTensor(indices=np.stack([keys // 100, keys % 100], 1), values=np.ones(keys.size, np.float32),
+                     dense_shape=[200, 100], coalesced=True)
+    op = REGISTRY.get("index_select")
+    bound = op.bind({"input": t, "dim": 0, "index": np.array([7, 0, 7])})
+    answers = [op.run("cpu", bound)[0] for _ in range(3)]
+    assert len(builds) == 1
+    assert all(np.array_equal(a.indices, answers[0].indices) and np.array_equal(a.values, answers[0].values)
+               for a in answers)
+    assert answers[0].indices[:, 0].tolist() == [0] * 50 + [1] * 50 + [2] * 50
+    assert answers[0].indices[:, 1].tolist() == list(range(0, 100, 2)) * 3
+    held = bound["input"]
+    assert held in gather_op._RUN_POINTERS
+    del bound, held, answers
+    gc.collect()
+    assert len(gather_op._RUN_POINTERS) == 0
+    writable = SparseTensor(indices=t.indices.copy(), values=t.values.copy(), dense_shape=t.dense_shape,
+                            coalesced=True)
+    gather_op._index_select_coo(writable, 0, np.array([1, 5]))
+    gather_op._index_select_coo(writable, 0, np.array([1, 5]))
+    assert len(builds) == 3 and writable not in gather_op._RUN_POINTERS
+
+
 def test_index_select_result_bytes_bounds_the_result():
     from sparseserve.server.ops import REGISTRY
 
