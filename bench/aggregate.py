@@ -43,7 +43,7 @@ def run(scale: float = 1.0, repeat: int = 3, features: int = 64) -> None:
 
     from sparseserve.kernels import aggregate as agk
     from sparseserve.kernels.linalg import balanced_bounds
-    from sparseserve.server.argtypes import checked
+    from sparseserve.server.trust import checked
     from sparseserve.server.ops import REGISTRY
 
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from sparseserve import SparseTensor
-from sparseserve._tensor import HandleRef
+from sparseserve.core.tensor import HandleRef
 
 from .linalg import best_of, random_csr
 

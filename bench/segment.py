@@ -81,7 +81,7 @@ def main() -> None:
     for pattern, indices in (("indices = arange", arange), ("indices = random permutation", perm)):
         bound = op.bind({"data": data, "indices": indices, "segment_ids": ids, "num_segments": segments})
         ours_out = op.run("cpu", bound)[0]
-        fns = {"ours": lambda: op.run("cpu", bound), "copy": lambda: np.copyto(copy_to, big)}
+        fns = {"ours": lambda bound=bound: op.run("cpu", bound), "copy": lambda: np.copyto(copy_to, big)}
         if tf is not None:
             tf_idx = tf.constant(indices)
             want = tf.sparse.segment_sum(tf_data, tf_idx, tf_ids, num_segments=segments).numpy()

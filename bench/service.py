@@ -24,9 +24,9 @@ from typing import Callable
 import numpy as np
 
 from sparseserve import AsyncClient, Client, SparseTensor
-from sparseserve._client import GRPC_WINDOW_OPTIONS
-from sparseserve._codec import DEFAULT_CHUNK_BYTES, iter_chunks
-from sparseserve._frames import execute_request_bytes
+from sparseserve.core.wire import GRPC_WINDOW_OPTIONS
+from sparseserve.core.codec import DEFAULT_CHUNK_BYTES, iter_chunks
+from sparseserve.core.frames import execute_request_bytes
 from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT
 
 from ._server import BenchServer

@@ -7,9 +7,10 @@
 """
 
 from . import errors
-from ._client import AsyncClient, Client, RemoteTensor
+from ._client import AsyncClient, Client
 from ._pipeline import Pipeline, PipelineStep
-from ._tensor import HandleRef, OutputRef, SparseTensor
+from ._remote import RemoteTensor
+from .core.tensor import HandleRef, OutputRef, SparseTensor
 from .errors import (DeadlineExceededError, InternalError, InvalidArgumentError, NotFoundError,
                      PermissionDeniedError, ResourceExhaustedError, SparseServeError,
                      UnauthenticatedError, UnavailableError, UnimplementedError)

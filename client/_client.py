@@ -12,7 +12,6 @@ import asyncio
 import inspect
 import ssl
 import types
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,18 +19,20 @@ import grpc
 import httpx
 import numpy as np
 
-from . import _http, _malloc, _wire
-from ._codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
-from ._convert import as_tensor, is_tensor_like
-from ._frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
+from . import _http, _malloc, _shm, _wire
+from .core.codec import DEFAULT_CHUNK_BYTES, assemble, iter_chunks
+from .core.convert import as_tensor, is_tensor_like
+from .core.frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
 from ._http_async import AsyncConnections
 from ._ops import AsyncClientOps, ClientOps
 from ._pipeline import Pipeline
-from ._tensor import HandleRef, SparseTensor
+from ._remote import RemoteTensor
+from .core.tensor import HandleRef, SparseTensor
+from .core.wire import REQUEST_ID_KEY
 from .v1 import sparseserve_pb2 as pb
 from .v1 import sparseserve_pb2_grpc as pb_grpc
 
-__all__ = ["Client", "AsyncClient", "RemoteTensor"]
+__all__ = ["Client", "AsyncClient"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
 # HTTP/2 flow-control windows start at 64 KiB and grow only as gRPC probes the link: the
@@ -61,21 +62,6 @@ def _raw_methods(channel) -> SimpleNamespace:
         execute_pipeline=channel.unary_unary(f"{service}/ExecutePipeline",
                                              request_serializer=pb.PipelineRequest.SerializeToString,
                                              response_deserializer=None))
-
-
-@dataclass(frozen=True, eq=False)
-class RemoteTensor(HandleRef):
-    """A tensor kept on the server; pass it to any op in place of the tensor itself."""
-
-    nbytes: int = 0
-    client: Any = field(default=None, repr=False)
-
-    def get(self):
-        """Fetch the tensor (``await`` it with an ``AsyncClient``)."""
-        return self.client.get(self)
-
-    def delete(self):
-        return self.client.delete(self)
 
 
 def _split_target(target: str) -> tuple[str, str, bool]:
@@ -195,7 +181,7 @@ class _Base:
         """``response`` (httpx's or ``_http``'s), or the SDK error its status stands for."""
         if response.status_code >= 400:
             raise _wire.http_error(response.status_code, bytes(response.content),
-                                   response.headers.get(_wire.REQUEST_ID_KEY, request_id))
+                                   response.headers.get(REQUEST_ID_KEY, request_id))
         return response
 
     # ------------------------------------------------------------ catalogue
@@ -239,12 +225,12 @@ class _Base:
         """(the caller's request id or None, gRPC metadata) of one call."""
         if request_id is None:
             return None, self._metadata
-        return request_id, (*self._metadata, (_wire.REQUEST_ID_KEY, request_id))
+        return request_id, (*self._metadata, (REQUEST_ID_KEY, request_id))
 
     def _http_ids(self, request_id: str | None, kwargs: dict) -> str | None:
         """The caller's id of one REST call (None: none chosen), added to ``kwargs``' headers."""
         if request_id is not None:
-            kwargs["headers"] = {**(kwargs.get("headers") or {}), _wire.REQUEST_ID_KEY: request_id}
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), REQUEST_ID_KEY: request_id}
         return request_id
 
     def _method(self, op: dict, fn):
@@ -396,8 +382,6 @@ class Client(_Base, ClientOps):
         tensor = as_tensor(tensor)
         _check_put_options(shared_memory, partitions)
         if shared_memory:
-            from . import _shm
-
             return _shm.put(self, tensor)
         if self.wire == "grpc":
             rid, metadata = self._call_ids(None)
@@ -414,8 +398,6 @@ class Client(_Base, ClientOps):
     def get(self, handle: HandleRef | str, *, shared_memory: bool = False) -> Any:
         """Fetch a kept tensor (``shared_memory``: through a segment, as ``put``)."""
         if shared_memory:
-            from . import _shm
-
             return _shm.get(self, _handle_of(handle))
         if self.wire == "grpc":
             rid, metadata = self._call_ids(None)
@@ -543,8 +525,6 @@ class AsyncClient(_Base, AsyncClientOps):
         tensor = as_tensor(tensor)
         _check_put_options(shared_memory, partitions)
         if shared_memory:
-            from . import _shm
-
             return await _shm.put_async(self, tensor)
         if self.wire == "grpc":
             rid, metadata = self._call_ids(None)
@@ -561,8 +541,6 @@ class AsyncClient(_Base, AsyncClientOps):
 
     async def get(self, handle: HandleRef | str, *, shared_memory: bool = False) -> Any:
         if shared_memory:
-            from . import _shm
-
             return await _shm.get_async(self, _handle_of(handle))
         if self.wire == "grpc":
             rid, metadata = self._call_ids(None)

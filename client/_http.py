@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._json import loads
+from .core.jsoncodec import loads
 
 __all__ = ["Connections", "Reply", "TRANSPORT_ERRORS", "direct_route"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tensor import OutputRef
+from .core.tensor import OutputRef
 
 __all__ = ["Pipeline", "PipelineStep", "ListOutputRef"]
 

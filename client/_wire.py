@@ -6,46 +6,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 
-from ._codec import tensor_from_bytes, tensor_pieces, value_from_pb, value_to_pb
-from ._frames import execute_request_bytes, outputs_from_bytes
-from ._json import dumps, loads, tensor_from_json, tensor_to_json, value_to_json
-from .errors import (REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, DeadlineExceededError, SparseServeError,
+from .core.codec import tensor_from_bytes, tensor_pieces, value_from_pb
+from .core.frames import execute_request_bytes, outputs_from_bytes
+from .core.jsoncodec import dumps, loads, tensor_from_json, tensor_to_json, value_to_json
+from .core.wire import (HTTP_TO_CODE, PARTITIONS_KEY, PROTOBUF, TIMEOUT_KEY, iter_slices,
+                        pipeline_request)
+from .core.errors import (REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, DeadlineExceededError, SparseServeError,
                      UnavailableError, error_for_code, error_for_grpc_status)
 from .v1 import sparseserve_pb2 as pb
 
-PROTOBUF = "application/x-protobuf"
-# The HTTP header and gRPC metadata key a caller's request id travels in.
-REQUEST_ID_KEY = "x-request-id"
-# The HTTP header of the caller's timeout, in seconds (gRPC has its own deadline).
-TIMEOUT_KEY = "x-request-timeout"
-# Upload's gRPC metadata key (REST: the query parameter "partitions") asking for a partitioned put.
-PARTITIONS_KEY = "x-partitions"
-_HTTP_TO_CODE = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED",
-                 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED",
-                 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
-                 504: "DEADLINE_EXCEEDED"}
-
-
 # ------------------------------------------------------------------ protobuf
-def pipeline_request(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
-                     keep: bool) -> pb.PipelineRequest:
-    """(name, op, args) steps as a ``PipelineRequest``."""
-    return pb.PipelineRequest(
-        steps=[pb.PipelineStep(name=name, op=op, args={k: value_to_pb(v) for k, v in args.items()})
-               for name, op, args in steps], outputs=outputs, keep=keep)
-
-
-def pipeline_from_pb(msg: pb.PipelineRequest) -> tuple[list[tuple[str, str, dict[str, Any]]], list[str], bool]:
-    """The server side of ``pipeline_request``."""
-    steps = [(step.name, step.op, {k: value_from_pb(v, f"{step.name or i}.{k}") for k, v in step.args.items()})
-             for i, step in enumerate(msg.steps)]
-    return steps, list(msg.outputs), msg.keep
-
-
 def pipeline_json(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str], keep: bool) -> bytes:
     """The JSON body of ``POST /v1/pipelines``."""
     return dumps({"steps": [{"name": name, "op": op, "args": {k: value_to_json(v) for k, v in args.items()}}
@@ -151,14 +125,6 @@ def upload_metadata(metadata: tuple, partitions: int) -> tuple:
     return (*metadata, (PARTITIONS_KEY, str(partitions))) if partitions else metadata
 
 
-def iter_slices(pieces: list, size: int = 4 << 20) -> Iterator:
-    """Pieces cut to at most ``size`` bytes, so that sockets get bounded writes."""
-    for piece in pieces:
-        view = memoryview(piece).cast("B")
-        for start in range(0, len(view), size):
-            yield view[start:start + size]
-
-
 def http_headers(token: str | None, encoding: str, timeout: float | None = None) -> dict[str, str]:
     headers = {"accept": PROTOBUF if encoding == "protobuf" else "application/json"}
     if token:
@@ -176,7 +142,7 @@ def http_error(status: int, body: bytes, request_id: str | None = None) -> Spars
         return error_for_code(err["code"], err["message"], err.get("reason"),
                               new_request_id(err.get("request_id") or request_id))
     except (ValueError, KeyError, TypeError):
-        code = _HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
+        code = HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
         return error_for_code(code, f"HTTP {status}: {body[:200]!r}", request_id=new_request_id(request_id))
 
 

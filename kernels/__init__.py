@@ -1,18 +1,16 @@
 """Numba CPU kernels of sparseserve. Every function assumes validated input
-(``sparseserve._validate`` runs first) and never raises."""
+(``sparseserve.core.validate`` runs first) and never raises."""
 
 from __future__ import annotations
 
 import contextlib
 
 from ._sort import argsort_stable, linearize
-from .coo import coalesce, first_disorder, from_dense, indices_in_range, reorder, to_dense
+from .coo import DTYPES, coalesce, first_disorder, from_dense, indices_in_range, reorder, to_dense
 
-__all__ = ["linearize", "argsort_stable", "reorder", "coalesce", "first_disorder", "to_dense",
+__all__ = ["DTYPES", "linearize", "argsort_stable", "reorder", "coalesce", "first_disorder", "to_dense",
            "from_dense", "indices_in_range", "warm_up"]
 
-DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128")
 
 
 def warm_up() -> None:

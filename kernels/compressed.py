@@ -6,7 +6,7 @@ wrappers as opaque rows (``gather_rows`` / a numpy scatter), so nothing is
 compiled per value dtype and hybrid and block values need no special case.
 Compressed indices are int32 or int64 (the input's); COO indices are int64.
 
-Inputs are validated by the caller (``sparseserve._validate``) and, where a
+Inputs are validated by the caller (``sparseserve.core.validate``) and, where a
 kernel needs an order, checked by a kernel flag first; nothing here raises,
 and no write leaves its array whatever the input order.
 """

@@ -4,7 +4,7 @@ Python wrappers reshape values to 2-D ``[nnz, inner]`` (hybrid tensors carry
 their dense dimensions in ``inner``) so the numba signatures stay few; moving
 values needs no arithmetic and is a gather; sums run in numba per dtype, with
 float16 summed in float32 and bool combined with logical or. Inputs are
-validated by the caller (``sparseserve._validate``); nothing here raises.
+validated by the caller (``sparseserve.core.validate``); nothing here raises.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from ._parallel import N_CHUNKS, PARALLEL_LOCK, PARALLEL_MIN
 from ._sort import (argsort_stable, delinearize_kernel, delinearize_parallel, first_disorder_kernel, frozen,
                     gather_rows, linearize, packed_order, read_only_indices, segment_starts_kernel, sequential_order,
                     sorted_indices_kernel, split_packed, unique_runs)
+
+# The value dtypes the kernels are compiled for at warm-up (SPEC section 2's list).
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128")
 
 
 # The segment kernels sum runs of sorted values, the runs split into chunks that the
@@ -332,7 +336,7 @@ def indices_in_range_par(flat, pattern, n_chunks):
 
 def indices_in_range(indices: np.ndarray, limits: np.ndarray) -> bool:
     """Whether every ``indices[i, j]`` of [nnz, k] int64 indices is in ``[0, limits[j])`` (k int64
-    limits): validation's range check (``sparseserve._validate.InRange``), one pass, no
+    limits): validation's range check (``sparseserve.core.validate.InRange``), one pass, no
     temporaries. It runs before validation is done, so it checks the one thing its loops rely
     on (a limit per column); read-only contiguous indices and writable limits, as validation
     passes them, are the signature warmed up."""
@@ -407,8 +411,6 @@ def from_dense(array, sparse_dim: int):
 def warm_up() -> None:
     """Every kernel of this module, on its small (sequential) and large (parallel) paths, once per
     dtype (see ``sparseserve.kernels.warm_up``), with read-only inputs as the server passes them."""
-    from . import DTYPES
-
     side = 512  # 512 x 512 = 4 x PARALLEL_MIN: the dense round trip takes the parallel path too
     for nnz in (3, PARALLEL_MIN):
         rows = np.arange(nnz, dtype=np.int64) * 7919 % (side * side)

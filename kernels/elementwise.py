@@ -10,7 +10,7 @@ every dtype (float16 included) with no extra compiled signatures, and its
 integer floor division is safe for ``INT_MIN // -1``, which a native division
 is not.
 
-Inputs are validated by the caller (``sparseserve._validate`` plus the op's own
+Inputs are validated by the caller (``sparseserve.core.validate`` plus the op's own
 shape checks); nothing here raises.
 """
 

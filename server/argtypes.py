@@ -9,25 +9,28 @@ argument passes before any kernel runs.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from sparseserve._tensor import HandleRef, OutputRef, SparseTensor
-from sparseserve._validate import check_dense, check_sparse
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.tensor import HandleRef, OutputRef, SparseTensor
+from sparseserve.core.validate import check_dense, check_sparse
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import indices_in_range
-from sparseserve.kernels._sort import frozen
 
 from .device import is_device_array
+from .trust import frozen_tensor, is_checked, read_only
 
-if TYPE_CHECKING:
-    from .registry import Arg
-
-__all__ = ["checked", "trust", "ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST", "AXES",
+__all__ = ["ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST", "AXES",
            "BOOL", "FLOAT", "SCALAR", "STRING", "INDEX"]
+
+
+class Declared(Protocol):
+    """What a type reads of the argument it checks (``registry.Arg``)."""
+
+    name: str
+    layouts: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class ArgType:
     # One entry per dimension (a shape, a permutation, axes): held to --max-rank.
     per_dimension: bool = False
 
-    def coerce(self, value: Any, arg: "Arg", op: str) -> Any:
+    def coerce(self, value: Any, arg: Declared, op: str) -> Any:
         if self.is_tensor:
             return _coerce_tensor(value, arg.name, arg.layouts, op)
         if self.is_tensor_list:
@@ -53,46 +56,13 @@ class ArgType:
         return self.coerce_value(value, arg.name)
 
 
-# Sparse tensors validated and frozen on their way into the handle store. They are used by
-# every op that names their handle; checking them again on each use was a quarter of a
-# 20M-entry SpMV through the service. Nothing writes a stored tensor (its arrays are
-# read-only views), so the check stays true for as long as the object lives.
-_CHECKED: weakref.WeakSet = weakref.WeakSet()
-
-
-def checked(value: Any, name: str) -> Any:
-    """``value`` validated, as the read-only tensor ops receive; sparse ones are remembered
-    as checked, so binding them again costs nothing."""
-    if isinstance(value, SparseTensor):
-        if value in _CHECKED:
-            return value
-        check_sparse(value, name, indices_in_range)
-        value = _frozen(value)
-        _CHECKED.add(value)
-        return value
-    value = np.asarray(value)
-    check_dense(value, name)
-    return _frozen(value)
-
-
-def trust(value: Any) -> Any:
-    """A tensor the server made itself from checked data (a result, a copy between host and
-    device) marked as checked, so binding it skips validation; host arrays made read-only."""
-    if isinstance(value, np.ndarray):
-        return frozen(value)
-    if type(value) is SparseTensor:
-        value = _frozen(value)
-    _CHECKED.add(value)
-    return value
-
-
 def _layout_of(value: Any) -> str:
     return value.layout if isinstance(value, SparseTensor) else "dense"
 
 
 def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any:
-    if type(value) is SparseTensor and _read_only(value):  # as decoded from the wires: bound as it is
-        if value not in _CHECKED:
+    if type(value) is SparseTensor and read_only(value):  # as decoded from the wires: bound as it is
+        if not is_checked(value):
             check_sparse(value, name, indices_in_range)
         return _in_layouts(value, name, layouts, op)
     if isinstance(value, OutputRef):  # pipelines substitute their references before binding
@@ -112,13 +82,13 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
         raise InvalidArgumentError(f"{name} must be a tensor, not {type(value).__name__}",
                                    reason="BAD_ARGUMENT_TYPE")
     # Validate first: a malformed tensor is INVALID_ARGUMENT whatever its layout.
-    if not (device_array or (isinstance(value, SparseTensor) and value in _CHECKED)):
+    if not (device_array or (isinstance(value, SparseTensor) and is_checked(value))):
         if isinstance(value, SparseTensor):
             check_sparse(value, name, indices_in_range)
         else:
             check_dense(value, name)
-        if not (isinstance(value, SparseTensor) and _read_only(value)):
-            value = _frozen(value)
+        if not (isinstance(value, SparseTensor) and read_only(value)):
+            value = frozen_tensor(value)
     return _in_layouts(value, name, layouts, op)
 
 
@@ -129,26 +99,6 @@ def _in_layouts(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any
             f"{op} does not support layout {layout} for {name}; it accepts "
             f"{', '.join(layouts)}", reason="UNSUPPORTED_LAYOUT")
     return value
-
-
-def _frozen(value: Any) -> Any:
-    """Read-only views of a tensor's arrays. Kernels never write their inputs, and numba
-    compiles read-only and writable arrays as different signatures: one kind from every
-    wire (protobuf bytes are read-only, JSON lists are not) keeps the warmed-up ones in use."""
-    if isinstance(value, np.ndarray):
-        return frozen(value)
-    if value.layout == "coo":
-        return SparseTensor(indices=frozen(value.indices), values=frozen(value.values),
-                            dense_shape=value.dense_shape, coalesced=value.coalesced)
-    return SparseTensor(layout=value.layout, compressed_indices=frozen(value.compressed_indices),
-                        plain_indices=frozen(value.plain_indices), values=frozen(value.values),
-                        dense_shape=value.dense_shape, blocksize=value.blocksize,
-                        coalesced=value.coalesced)
-
-
-def _read_only(t: SparseTensor) -> bool:
-    """Whether every array of ``t`` is read-only already (as those decoded from bytes are)."""
-    return not any(a.flags.writeable for a in t.arrays())
 
 
 def _scalar_of_array(value: Any, name: str) -> Any:

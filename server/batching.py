@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve._validate import INT64_MAX
-from sparseserve.errors import InternalError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.validate import INT64_MAX
+from sparseserve.core.errors import InternalError
 from sparseserve.kernels._parallel import PARALLEL_MIN
 
-from .service import INLINE_BYTES, arguments_nbytes
+from .sizes import INLINE_BYTES, arguments_nbytes
 
 __all__ = ["Batcher", "batch_key", "merge_coo", "split_coo"]
 

@@ -24,7 +24,7 @@ import weakref
 
 import numpy as np
 
-from sparseserve._codec import new_buffer
+from sparseserve.core.codec import new_buffer
 
 __all__ = ["BufferPool"]
 

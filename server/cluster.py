@@ -34,12 +34,13 @@ import numpy as np
 import distributed
 from distributed import Client, wait
 
-from sparseserve._tensor import HandleRef, SparseTensor
-from sparseserve.errors import (InternalError, NotFoundError, PermissionDeniedError, SparseServeError,
+from sparseserve.core.tensor import HandleRef, SparseTensor
+from sparseserve.core.errors import (InternalError, NotFoundError, PermissionDeniedError, SparseServeError,
                                 UnavailableError)
 
+from . import blockwork
 from . import partition as part
-from .argtypes import trust
+from .trust import trust
 from .limits import deadline_exceeded, seconds_left
 from .store import HandleStore, new_handle
 
@@ -287,7 +288,7 @@ class Cluster:
     def _probe(self, op, bound: dict[str, Any], entries: tuple[str, ...] = ()) -> None:
         """Run the op here on the entry-less stand-ins (``Rowwise.probe`` says when)."""
         args = {k: (v[:0] if k in entries else v) for k, v in bound.items()}
-        part.run_block(op.name, args, self.config.max_result_bytes)
+        blockwork.run_block(op.name, args, self.config.max_result_bytes)
 
     # Each runner returns the answer (_Blocks being computed, or a host value), or None to gather.
     def _rowwise(self, op, plan: part.Rowwise, args, bound):
@@ -313,7 +314,7 @@ class Cluster:
             block_args = {**whole, plan.tensor: block,
                           **{k: bound[k][r0:r1] for k in sliced},
                           **{k: bound[k][e0:e1] for k in plan.entries}}
-            futures.append(self.client.submit(part.run_block, op.name, block_args,
+            futures.append(self.client.submit(blockwork.run_block, op.name, block_args,
                                               self.config.max_result_bytes, pure=False))
         return _Blocks(futures, dt.bounds)
 
@@ -326,17 +327,17 @@ class Cluster:
             return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
         limit = self.config.max_result_bytes
         dense = plan.additive and not bound["output_is_sparse"]  # sums of dense partials are the sum
-        level = [self.client.submit(part.reduce_partial, op.name, b, axes, limit, dense, pure=False)
+        level = [self.client.submit(blockwork.reduce_partial, op.name, b, axes, limit, dense, pure=False)
                  for b in dt.blocks]
         while len(level) > 2:  # pairs, up a tree: log2(blocks) rounds
             pairs = [level[i:i + 2] for i in range(0, len(level), 2)]
             level = [(self.client.submit(np.add, *p, pure=False) if dense else
-                      self.client.submit(part.reduce_combine, op.name, p, axes, True, True, limit, pure=False))
+                      self.client.submit(blockwork.reduce_combine, op.name, p, axes, True, True, limit, pure=False))
                      if len(p) == 2 else p[0] for p in pairs]
         if dense:
-            final = self.client.submit(part.dense_total, level, axes, bound["keepdims"], pure=False)
+            final = self.client.submit(blockwork.dense_total, level, axes, bound["keepdims"], pure=False)
         else:
-            final = self.client.submit(part.reduce_combine, op.name, level, axes, bound["keepdims"],
+            final = self.client.submit(blockwork.reduce_combine, op.name, level, axes, bound["keepdims"],
                                        bound["output_is_sparse"], limit, pure=False)
         return self._results([final])[0]
 
@@ -353,12 +354,12 @@ class Cluster:
         parts_n = len(dt.blocks)
         new_bounds = sorted(set(out_rows * k // parts_n for k in range(parts_n + 1)))
         limit = self.config.max_result_bytes
-        pieces = [self.client.submit(part.transpose_pieces, b, dt.bounds[i], shape, perm, new_bounds, limit,
+        pieces = [self.client.submit(blockwork.transpose_pieces, b, dt.bounds[i], shape, perm, new_bounds, limit,
                                      pure=False) for i, b in enumerate(dt.blocks)]
         futures = []
         for j in range(len(new_bounds) - 1):
             column = [self.client.submit(operator.getitem, p, j, pure=False) for p in pieces]
-            futures.append(self.client.submit(part.merge_pieces, column, pure=False))
+            futures.append(self.client.submit(blockwork.merge_pieces, column, pure=False))
         return _Blocks(futures, new_bounds)
 
     def _stack(self, op, plan: part.Stack, args, bound):
@@ -377,7 +378,7 @@ class Cluster:
             else:
                 blocks, rows = self.client.scatter([t], hash=False), [0, part.rows_of(t)]
             for i, block in enumerate(blocks):
-                futures.append(self.client.submit(part.run_block, op.name, {"axis": 0, plan.tensors: [block]},
+                futures.append(self.client.submit(blockwork.run_block, op.name, {"axis": 0, plan.tensors: [block]},
                                                   self.config.max_result_bytes, pure=False))
                 bounds.append(bounds[-1] + rows[i + 1] - rows[i])
         return _Blocks(futures, bounds)
@@ -443,7 +444,7 @@ class _Stub:
 
 
 def _checked_block(block: Any) -> Any:
-    from .argtypes import checked
+    from .trust import checked
 
     return checked(block, "block")
 

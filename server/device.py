@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
+from sparseserve.core.tensor import SparseTensor
 
 __all__ = ["DeviceTensor", "GpuKernel", "Fallback", "ArrayBackend", "GpuUnavailable", "resolve_backend",
            "is_device_array"]
@@ -69,7 +69,7 @@ class DeviceTensor(SparseTensor):
     @classmethod
     def of(cls, layout: str, dense_shape, *, values, indices=None, compressed_indices=None,
            plain_indices=None, blocksize=None, coalesced: bool = False) -> "DeviceTensor":
-        from .argtypes import trust
+        from .trust import trust
 
         t = object.__new__(cls)  # no __init__: it would copy the arrays to the host
         t.layout = layout
@@ -163,7 +163,7 @@ class ArrayBackend:
     def to_host(self, value: Any) -> Any:
         """Device tensors (and lists of them) copied to host memory as the wires and the CPU
         kernels take them; anything else as it is."""
-        from .argtypes import trust
+        from .trust import trust
 
         if isinstance(value, DeviceTensor):
             host = self._host_array

@@ -12,12 +12,12 @@ from grpc._cython import cygrpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sparseserve._codec import ChunkAssembler, iter_chunks, value_to_pb
-from sparseserve._frames import (MessageAssembler, execute_request_from_bytes, message_frames, outputs_pieces,
+from sparseserve.core.codec import ChunkAssembler, iter_chunks, value_to_pb
+from sparseserve.core.frames import (MessageAssembler, execute_request_from_bytes, message_frames, outputs_pieces,
                                 outputs_to_bytes)
-from sparseserve._client import GRPC_WINDOW_OPTIONS
-from sparseserve._wire import PARTITIONS_KEY, REQUEST_ID_KEY, pipeline_from_pb
-from sparseserve.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, InternalError, SparseServeError
+from sparseserve.core.wire import GRPC_WINDOW_OPTIONS
+from sparseserve.core.wire import PARTITIONS_KEY, REQUEST_ID_KEY, pipeline_from_pb
+from sparseserve.core.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, InternalError, SparseServeError
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 

@@ -13,8 +13,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError
 
 from .config import ServerConfig
 from .metrics import current

@@ -15,14 +15,11 @@ import threading
 import time
 import uuid
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
-
-if TYPE_CHECKING:
-    from .service import Service
 
 __all__ = ["RequestInfo", "Metrics", "JsonFormatter", "current", "request_id_from", "CONTENT_TYPE_LATEST"]
 
@@ -75,10 +72,19 @@ _FIRST_USE = threading.Lock()
 current: ContextVar[RequestInfo | None] = ContextVar("sparseserve_request", default=None)
 
 
+class Observed(Protocol):
+    """What the gauges read of the service (``service.Service``)."""
+
+    store: Any  # stats() -> (handles, bytes)
+    buffers: Any  # free_bytes, reused, allocated
+    running: int
+    queued: int
+
+
 class _ServiceCollector:
     """Gauges read at scrape time, so the request path pays nothing for them."""
 
-    def __init__(self, service: Service):
+    def __init__(self, service: Observed):
         self.service = service
 
     def collect(self):
@@ -165,7 +171,7 @@ class Metrics:
     """The service's own registry (not prometheus_client's global one: a test may run several
     services in one process)."""
 
-    def __init__(self, service: Service):
+    def __init__(self, service: Observed):
         self.registry = CollectorRegistry(auto_describe=False)
         self.totals = _RequestTotals()
         self.registry.register(self.totals)

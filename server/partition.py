@@ -8,9 +8,10 @@ blocks is the tensor ``split_rows`` cut (a COO tensor whose entries are not in r
 back grouped by block, each group in its original order).
 
 The plans at the bottom say how an op runs on blocks; each op module declares its own with
-``REGISTRY.partitioned`` beside the op. ``server/cluster.py`` carries the plans out on Dask.
-The functions here run on the Dask workers too, so they import nothing from Dask (which sizes
-blocks by ``sys.getsizeof``: ``SparseTensor.__sizeof__`` counts its arrays).
+``REGISTRY.partitioned`` beside the op. ``server/cluster.py`` carries the plans out on Dask,
+and the workers run ``server/blockwork.py``, which uses the cutting and joining here too: so
+nothing here imports Dask (which sizes blocks by ``sys.getsizeof``: ``SparseTensor.__sizeof__``
+counts its arrays).
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
 
-__all__ = ["partitionable", "row_bounds", "split_rows", "join_rows", "rows_of", "run_block",
-           "reduce_partial", "reduce_combine", "dense_total", "transpose_pieces", "merge_pieces",
+__all__ = ["partitionable", "row_bounds", "split_rows", "join_rows", "stack_rows", "rows_of",
            "Rowwise", "Reduction", "Shuffle", "Stack"]
 
 
@@ -127,72 +127,9 @@ def join_rows(blocks: list[Any], bounds: list[int]) -> Any:
     return SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=coalesced)
 
 
-def _stack_rows(parts: list[SparseTensor]) -> SparseTensor:
+def stack_rows(parts: list[SparseTensor]) -> SparseTensor:
     """COO tensors of leading size 1 stacked along the leading axis (part i becomes row i)."""
     return join_rows(parts, list(range(len(parts) + 1)))
-
-
-# ------------------------------------------------------------------ work on one block
-def run_block(op_name: str, args: dict[str, Any], max_result_bytes: int) -> Any:
-    """One call of a single-output op's CPU kernel, as the server runs it: arguments bound
-    and validated, the declared result size checked, then the kernel. Runs on a Dask worker."""
-    from .argtypes import trust
-    from .limits import check_result_bytes
-    from .ops import REGISTRY
-
-    op = REGISTRY.get(op_name)
-    bound = op.bind(args)
-    if op.result_bytes is not None:
-        check_result_bytes(op, op.result_bytes(**bound), max_result_bytes)
-    return trust(op.run("cpu", bound)[0])
-
-
-def reduce_partial(op_name: str, block: SparseTensor, axes: list[int], max_result_bytes: int,
-                   dense: bool = False) -> Any:
-    """A block reduced over ``axes`` (the leading one among them), keeping them as size 1: a
-    sparse tensor, or with ``dense`` (sums only: an absent entry adds nothing) a dense array."""
-    return run_block(op_name, {"sp_input": block, "axis": axes, "keepdims": True, "output_is_sparse": not dense},
-                     max_result_bytes)
-
-
-def dense_total(parts: list[np.ndarray], axes: list[int], keepdims: bool) -> np.ndarray:
-    """Dense partial sums added, the reduced axes dropped unless ``keepdims``."""
-    total = parts[0] if len(parts) == 1 else np.add(*parts)
-    return total if keepdims else total.reshape([n for d, n in enumerate(total.shape) if d not in axes])
-
-
-def reduce_combine(op_name: str, parts: list[SparseTensor], axes: list[int], keepdims: bool,
-                   output_is_sparse: bool, max_result_bytes: int) -> Any:
-    """Partial reductions stacked along the leading axis and reduced again. With keepdims and a
-    sparse output the result is another partial, so the calls nest into a tree."""
-    return run_block(op_name, {"sp_input": _stack_rows(parts), "axis": axes, "keepdims": keepdims,
-                               "output_is_sparse": output_is_sparse}, max_result_bytes)
-
-
-def transpose_pieces(block: SparseTensor, first_row: int, shape: tuple[int, ...], perm: list[int],
-                     new_bounds: list[int], max_result_bytes: int) -> list[SparseTensor]:
-    """A block's entries transposed (with their global indices) and cut by the rows of the
-    output's blocks: piece j goes to output block j."""
-    indices = block.indices.copy()
-    indices[:, 0] += first_row
-    whole = SparseTensor(indices=indices, values=block.values, dense_shape=shape, coalesced=block.coalesced)
-    out = run_block("transpose", {"sp_input": whole, "perm": perm}, max_result_bytes)
-    return split_rows(out, new_bounds)  # the output is in row order: every piece is a slice
-
-
-def merge_pieces(pieces: list[SparseTensor]) -> SparseTensor:
-    """Output block j of a transpose from its pieces, in input-block order, re-sorted stably: the
-    single-node kernel's order, since its sort is stable over the input's order."""
-    from sparseserve import kernels
-
-    from .argtypes import trust
-
-    first = pieces[0]
-    indices = np.concatenate([p.indices for p in pieces])
-    values = np.concatenate([p.values for p in pieces])
-    indices, values = kernels.reorder(indices, values, first.dense_shape[:first.sparse_ndim])
-    return trust(SparseTensor(indices=indices, values=values, dense_shape=first.dense_shape,
-                              coalesced=all(p.coalesced for p in pieces)))
 
 
 # ------------------------------------------------------------------ plans, one per op

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sparseserve._tensor import OutputRef
-from sparseserve.errors import InvalidArgumentError, SparseServeError
+from sparseserve.core.tensor import OutputRef
+from sparseserve.core.errors import InvalidArgumentError, SparseServeError
 
 from .limits import check_deadline
 from .registry import OpDef, Registry

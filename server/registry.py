@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
-from sparseserve.errors import InvalidArgumentError, NotFoundError
+from sparseserve.core.errors import InvalidArgumentError, NotFoundError
 
 from .argtypes import ArgType
 

@@ -15,12 +15,12 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from sparseserve._codec import tensor_from_bytes, tensor_pieces
-from sparseserve._frames import execute_request_from_bytes, outputs_to_bytes
-from sparseserve._json import dumps, is_tensor_json, loads, tensor_from_json, tensor_to_json
-from sparseserve._tensor import OutputRef
-from sparseserve._wire import _HTTP_TO_CODE, REQUEST_ID_KEY, TIMEOUT_KEY, iter_slices, pipeline_from_pb
-from sparseserve.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
+from sparseserve.core.codec import tensor_from_bytes, tensor_pieces
+from sparseserve.core.frames import execute_request_from_bytes, outputs_to_bytes
+from sparseserve.core.jsoncodec import dumps, is_tensor_json, loads, tensor_from_json, tensor_to_json
+from sparseserve.core.tensor import OutputRef
+from sparseserve.core.wire import HTTP_TO_CODE, REQUEST_ID_KEY, TIMEOUT_KEY, iter_slices, pipeline_from_pb
+from sparseserve.core.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError)
 from sparseserve.kernels.text import json_depth
 from sparseserve.v1 import sparseserve_pb2 as pb
@@ -28,7 +28,8 @@ from sparseserve.v1 import sparseserve_pb2 as pb
 from .limits import deadline_from_timeout
 from .metrics import CONTENT_TYPE_LATEST, current
 from .registry import OpDef
-from .service import Service, arguments_nbytes, partitions_from_text
+from .service import Service, partitions_from_text
+from .sizes import arguments_nbytes
 
 __all__ = ["create_app", "PROTOBUF"]
 
@@ -110,7 +111,7 @@ class _Observe:
                 message["headers"] = [*message.get("headers", ()), header]
                 status = message["status"]
                 if status >= 400 and info.code == "OK":  # an error not raised as ours (404 route, ...)
-                    info.code = _HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
+                    info.code = HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
             else:
                 info.bytes_out += len(message.get("body", b""))
             await send(message)

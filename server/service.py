@@ -15,30 +15,26 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-import numpy as np
 
-from sparseserve._tensor import HandleRef, SparseTensor
-from sparseserve.errors import (InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
+from sparseserve.core.tensor import HandleRef
+from sparseserve.core.errors import (InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
                                 SparseServeError, UnauthenticatedError, UnavailableError, UnimplementedError)
 
-from .argtypes import checked
+from .trust import checked
 from .buffers import BufferPool
 from .config import ServerConfig
-from .device import ArrayBackend, is_device_array, resolve_backend
+from .device import ArrayBackend, resolve_backend
 from .limits import (check_argument_limits, check_deadline, check_result_bytes, check_tensor_limits,
                      deadline_exceeded, seconds_left)
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
-from .store import HandleStore, tensor_nbytes
+from .sizes import INLINE_BYTES, arguments_nbytes, tensor_nbytes
+from .store import HandleStore
 
-__all__ = ["Service", "arguments_nbytes", "check_partitions", "partitions_from_text", "INLINE_BYTES", "MAX_PARTITIONS"]
+__all__ = ["Service", "check_partitions", "partitions_from_text", "MAX_PARTITIONS"]
 
 log = logging.getLogger("sparseserve.server")
-
-# Work on less than this many bytes runs on the event loop (see ``Service.run``).
-INLINE_BYTES = 64 << 10
-
 
 # Blocks one put may ask for: more would be scheduler load, not parallelism.
 MAX_PARTITIONS = 4096
@@ -61,17 +57,6 @@ def partitions_from_text(value: str | None, source: str) -> int:
     except ValueError:
         raise InvalidArgumentError(f"{source} must be an integer, not {value[:40]!r}",
                                    reason="BAD_PARTITIONS") from None
-
-
-def arguments_nbytes(values) -> int:
-    """Bytes of the tensors among argument values (lists of tensors included)."""
-    total = 0
-    for v in values:
-        if isinstance(v, list):
-            total += arguments_nbytes(v)
-        elif isinstance(v, (SparseTensor, np.ndarray)) or is_device_array(v):
-            total += tensor_nbytes(v)
-    return total
 
 
 class Service:

@@ -1,5 +1,5 @@
 """Same-host transfers through POSIX shared memory: the server's side of ``PutShared`` and
-``GetShared`` (segment layout and naming: ``sparseserve._shm``).
+``GetShared`` (segment layout and naming: ``sparseserve.core.shm``).
 
 The segment a client hands over is untrusted: its name must be one the SDK makes, the
 header is checked by ``_codec`` and against the store budget before the segment is
@@ -19,10 +19,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from sparseserve._codec import tensor_to_pb
-from sparseserve._shm import (SEGMENT_NAME, close_segment, create_segment, header_slots, open_segment,
+from sparseserve.core.codec import tensor_to_pb
+from sparseserve.core.shm import (SEGMENT_NAME, close_segment, create_segment, header_slots, open_segment,
                               read_tensor, segment_bytes, tensor_arrays, unlink_segment, write_tensor)
-from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from sparseserve.core.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from sparseserve.v1 import sparseserve_pb2 as pb
 
 from .store import STORE_LIMIT, STORE_REASON

@@ -16,22 +16,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
+from sparseserve.core.errors import NotFoundError, PermissionDeniedError, ResourceExhaustedError
 
-from sparseserve.errors import NotFoundError, PermissionDeniedError, ResourceExhaustedError
+from .sizes import tensor_nbytes
 
-__all__ = ["HandleStore", "new_handle", "tensor_nbytes"]
+__all__ = ["HandleStore", "new_handle"]
 
 
 def new_handle() -> str:
     """A fresh handle id: 128 random bits, so that handles cannot be guessed."""
     return "h-" + secrets.token_hex(16)
-
-
-def tensor_nbytes(t: Any) -> int:
-    """Bytes of a tensor's arrays: host memory, or device memory for a GPU worker's."""
-    nbytes = getattr(t, "nbytes", None)  # SparseTensor, numpy and CuPy arrays
-    return int(nbytes) if nbytes is not None else int(np.asarray(t).nbytes)
 
 
 @dataclass

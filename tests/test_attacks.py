@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from sparseserve import Client, SparseTensor
-from sparseserve._json import tensor_to_json as json_tensor
-from sparseserve._tensor import HandleRef
+from sparseserve.core.jsoncodec import tensor_to_json as json_tensor
+from sparseserve.core.tensor import HandleRef
 from sparseserve.errors import SparseServeError
 from sparseserve.server.config import ServerConfig
 from sparseserve.server.device import ArrayBackend

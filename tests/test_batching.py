@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, SparseTensor, kernels
-from sparseserve._dtypes import DTYPE_NAMES
-from sparseserve._tensor import HandleRef
+from sparseserve.core.dtypes import DTYPE_NAMES
+from sparseserve.core.tensor import HandleRef
 from sparseserve.errors import InternalError
 from sparseserve.server import batching
 from sparseserve.server.config import ServerConfig

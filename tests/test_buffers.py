@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sparseserve import Client, SparseTensor
-from sparseserve._codec import assemble
+from sparseserve.core.codec import assemble
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.server.buffers import BufferPool
 

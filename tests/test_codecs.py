@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from sparseserve import SparseTensor
-from sparseserve._codec import (ChunkAssembler, array_from_pb, assemble, iter_chunks, parse_chunk, tensor_bytes,
+from sparseserve.core.codec import (ChunkAssembler, array_from_pb, assemble, iter_chunks, parse_chunk, tensor_bytes,
                                 tensor_from_bytes, tensor_from_pb, tensor_to_bytes, tensor_to_pb, value_bytes,
                                 value_from_pb, value_to_pb)
-from sparseserve._dtypes import DTYPE_NAMES
-from sparseserve._frames import (MessageAssembler, assemble_message, execute_request_bytes, execute_request_from_bytes,
+from sparseserve.core.dtypes import DTYPE_NAMES
+from sparseserve.core.frames import (MessageAssembler, assemble_message, execute_request_bytes, execute_request_from_bytes,
                                 execute_request_pieces, message_frames, outputs_from_bytes, outputs_to_bytes)
-from sparseserve import _json
-from sparseserve._json import tensor_from_json, tensor_to_json
-from sparseserve._tensor import HandleRef
+from sparseserve.core import jsoncodec
+from sparseserve.core.jsoncodec import tensor_from_json, tensor_to_json
+from sparseserve.core.tensor import HandleRef
 from sparseserve.errors import InvalidArgumentError, ResourceExhaustedError
 from sparseserve.v1 import sparseserve_pb2 as pb
 
@@ -149,19 +149,19 @@ def test_json_text_is_the_same_with_or_without_orjson(monkeypatch, with_orjson):
     standard library. Either way the same values, and what orjson refuses (integers past 64
     bits, NaN literals, deep nesting) read and written as the standard library does."""
     if not with_orjson:
-        monkeypatch.setattr(_json, "orjson", None)
+        monkeypatch.setattr(jsoncodec, "orjson", None)
     st = SparseTensor(indices=[[0, 1], [2, 3]], values=[np.nan, -np.inf], dense_shape=[3, 4])
     value = {"sp_input": tensor_to_json(st), "axis": [1, None, -2], "name": "é", "big": 2 ** 70}
-    text = _json.dumps(value)
+    text = jsoncodec.dumps(value)
     assert isinstance(text, bytes) and json.loads(text) == value
-    assert _json.loads(text) == _json.loads(memoryview(text)) == value
-    back = tensor_from_json(_json.loads(text)["sp_input"], "sp_input")
+    assert jsoncodec.loads(text) == jsoncodec.loads(memoryview(text)) == value
+    back = tensor_from_json(jsoncodec.loads(text)["sp_input"], "sp_input")
     assert np.isnan(back.values[0]) and back.values[1] == -np.inf
-    assert _json.loads(b'[NaN, 1e400, 123456789012345678901234567890]')[2] == 123456789012345678901234567890
+    assert jsoncodec.loads(b'[NaN, 1e400, 123456789012345678901234567890]')[2] == 123456789012345678901234567890
     with pytest.raises(RecursionError):
-        _json.loads(b"[" * 100_000 + b"]" * 100_000)
+        jsoncodec.loads(b"[" * 100_000 + b"]" * 100_000)
     with pytest.raises(ValueError, match="Expecting"):  # the standard library's message
-        _json.loads(b'{"a": }')
+        jsoncodec.loads(b'{"a": }')
 
 
 def test_json_dtype_inferred_and_empty_forms():
@@ -483,7 +483,7 @@ def _attributes(t: SparseTensor) -> list:
 def test_coo_tensor_builds_what_the_constructor_would(indices, values, shape, skips_init):
     """The decoders and the ops' outputs skip ``__init__`` when it would convert nothing: the same
     tensor, attribute for attribute, either way."""
-    from sparseserve._tensor import coo_tensor
+    from sparseserve.core.tensor import coo_tensor
 
     built = SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=True)
     fast = coo_tensor(indices, values, shape, coalesced=True)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sparseserve import SparseTensor
-from sparseserve._convert import as_tensor
+from sparseserve.core.convert import as_tensor
 
 torch = pytest.importorskip("torch")
 sp = pytest.importorskip("scipy.sparse")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from sparseserve import Client, SparseTensor
-from sparseserve._tensor import HandleRef, OutputRef
+from sparseserve.core.tensor import HandleRef, OutputRef
 from sparseserve.errors import ResourceExhaustedError
 from sparseserve.server.batching import batch_key
 from sparseserve.server.config import ServerConfig

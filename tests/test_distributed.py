@@ -26,7 +26,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from sparseserve import AsyncClient
-from sparseserve._tensor import HandleRef, OutputRef, SparseTensor
+from sparseserve.core.tensor import HandleRef, OutputRef, SparseTensor
 from sparseserve.errors import (InvalidArgumentError, NotFoundError, PermissionDeniedError,
                                 ResourceExhaustedError, UnavailableError, UnimplementedError)
 from sparseserve.server import partition as part

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 from sparseserve import (Client, InvalidArgumentError, NotFoundError, ResourceExhaustedError, SparseServeError,
                          SparseTensor)
-from sparseserve._codec import iter_chunks, tensor_from_bytes, tensor_to_bytes
-from sparseserve._frames import execute_request_pieces, message_frames
-from sparseserve._json import tensor_to_json
-from sparseserve._tensor import HandleRef
-from sparseserve.server.argtypes import checked
+from sparseserve.core.codec import iter_chunks, tensor_from_bytes, tensor_to_bytes
+from sparseserve.core.frames import execute_request_pieces, message_frames
+from sparseserve.core.jsoncodec import tensor_to_json
+from sparseserve.core.tensor import HandleRef
+from sparseserve.server.trust import checked
 from sparseserve.server.ops import REGISTRY
 from sparseserve.v1 import sparseserve_pb2 as pb
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import kernels
-from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.core.dtypes import DTYPE_NAMES
 
 
 # ------------------------------------------------------------------ references

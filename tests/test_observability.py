@@ -11,7 +11,6 @@ import socket
 import time
 from collections import Counter
 
-import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

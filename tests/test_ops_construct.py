@@ -14,9 +14,9 @@ import pytest
 from conftest import WIRES, make_client, op_raises, run_op
 from sparseserve import (AsyncClient, InvalidArgumentError, ResourceExhaustedError, SparseTensor,
                          UnimplementedError)
-from sparseserve._frames import outputs_from_bytes, outputs_to_bytes
-from sparseserve._json import dumps, loads, tensor_to_json
-from sparseserve._tensor import HandleRef
+from sparseserve.core.frames import outputs_from_bytes, outputs_to_bytes
+from sparseserve.core.jsoncodec import dumps, loads, tensor_to_json
+from sparseserve.core.tensor import HandleRef
 from sparseserve._wire import outputs_from_json
 from sparseserve.v1 import sparseserve_pb2 as pb
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
-from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.core.dtypes import DTYPE_NAMES
 from conftest import op_raises, run_op
 
 NUMBER_DTYPES = [d for d in DTYPE_NAMES if d != "bool"]

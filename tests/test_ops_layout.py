@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, ResourceExhaustedError, SparseTensor
-from sparseserve._convert import as_tensor
-from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.core.convert import as_tensor
+from sparseserve.core.dtypes import DTYPE_NAMES
 from sparseserve.kernels._parallel import PARALLEL_MIN
 from sparseserve.server.ops._layouts import as_coo, as_csr
 from sparseserve.server.ops.layout import _convert_bytes

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
-from sparseserve._convert import torch_to_tensor
-from sparseserve._validate import check_sparse
+from sparseserve.core.convert import torch_to_tensor
+from sparseserve.core.validate import check_sparse
 from sparseserve.kernels._parallel import PARALLEL_MIN
 from conftest import op_raises, run_op
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sparseserve import (InvalidArgumentError, ResourceExhaustedError, SparseTensor,
                          UnimplementedError)
-from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.core.dtypes import DTYPE_NAMES
 from sparseserve.server.ops import REGISTRY
 from conftest import op_raises, run_op
 

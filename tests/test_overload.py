@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparseserve import Client, SparseTensor
-from sparseserve._tensor import HandleRef, OutputRef
+from sparseserve.core.tensor import HandleRef, OutputRef
 from sparseserve.errors import DeadlineExceededError, SparseServeError, UnavailableError
 
 from conftest import WIRES, ServerProcess, make_client

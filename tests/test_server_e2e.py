@@ -14,7 +14,7 @@ import pytest
 
 from sparseserve import (AsyncClient, InvalidArgumentError, NotFoundError, RemoteTensor,
                          ResourceExhaustedError, SparseTensor, UnimplementedError)
-from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.core.dtypes import DTYPE_NAMES
 
 from conftest import WIRES, make_client
 
@@ -264,7 +264,7 @@ def assert_same_tensor(a: SparseTensor, b: SparseTensor) -> None:
 
 
 def test_raw_execute_stream_refuses_bad_streams_and_keeps_serving(server):
-    from sparseserve._frames import message_frames
+    from sparseserve.core.frames import message_frames
     from sparseserve.v1 import sparseserve_pb2 as pb
 
     request = pb.ExecuteRequest(op="reorder", args={"sp_input": pb.Value(tensor=pb.Tensor(sparse=pb.SparseTensor(

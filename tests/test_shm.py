@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from sparseserve import (AsyncClient, Client, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
                          SparseTensor, UnavailableError, UnimplementedError)
-from sparseserve import _shm
-from sparseserve._codec import tensor_to_pb
-from sparseserve._dtypes import DTYPE_NAMES
+from sparseserve.core import shm as layout
+from sparseserve.core.codec import tensor_to_pb
+from sparseserve.core.dtypes import DTYPE_NAMES
 from sparseserve.v1 import sparseserve_pb2 as pb
 from conftest import ServerProcess, make_client
 
@@ -288,17 +288,17 @@ def test_hostile_segment_names(grpc_client, segment):
 
 def test_nonexistent_segment(grpc_client):
     with pytest.raises(NotFoundError) as info:
-        put_shared(grpc_client, _shm.new_segment_name(), DENSE_HEADER)
+        put_shared(grpc_client, layout.new_segment_name(), DENSE_HEADER)
     assert info.value.reason == "SEGMENT_NOT_FOUND" and "host" in info.value.message
 
 
 @pytest.fixture
 def small_segment():
     """A real 64-byte segment, as a hostile client could make."""
-    shm = _shm.create_segment(64)
+    shm = layout.create_segment(64)
     yield shm
-    _shm.close_segment(shm)
-    _shm.unlink_segment(shm.name)
+    layout.close_segment(shm)
+    layout.unlink_segment(shm.name)
 
 
 def test_header_announcing_more_than_the_segment(grpc_client, small_segment):
@@ -331,7 +331,7 @@ def test_malformed_headers(grpc_client, small_segment, header, reason):
 
 
 def test_server_keeps_serving_after_hostile_requests(server, grpc_client, no_leaks):
-    for segment in ("sparseserve-../x", _shm.new_segment_name()):
+    for segment in ("sparseserve-../x", layout.new_segment_name()):
         with pytest.raises((InvalidArgumentError, NotFoundError)):
             put_shared(grpc_client, segment, DENSE_HEADER)
     assert server.proc.poll() is None
@@ -341,17 +341,17 @@ def test_server_keeps_serving_after_hostile_requests(server, grpc_client, no_lea
 
 def test_segment_shrunk_mid_read_is_an_error_not_a_crash():
     """Reads go through preadv: a segment shorter than announced comes back short, no SIGBUS."""
-    shm = _shm.create_segment(256)
+    shm = layout.create_segment(256)
     try:
-        fd = _shm.open_segment(shm.name, "")
+        fd = layout.open_segment(shm.name, "")
         os.ftruncate(shm._fd, 100)
         with pytest.raises(InvalidArgumentError) as info:
-            _shm.read_slot(fd, _shm.Slot("values", np.dtype(np.float64), (32,), 0, 256), shm.name)
+            layout.read_slot(fd, layout.Slot("values", np.dtype(np.float64), (32,), 0, 256), shm.name)
         assert info.value.reason == "BUFFER_LENGTH"
         os.close(fd)
     finally:
-        _shm.close_segment(shm)
-        _shm.unlink_segment(shm.name)
+        layout.close_segment(shm)
+        layout.unlink_segment(shm.name)
 
 
 # ------------------------------------------------------------------ unclaimed segments
@@ -375,7 +375,7 @@ def test_segment_of_a_killed_client_is_reaped_within_the_ttl(tmp_path):
                               text=True, timeout=120)
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         name = proc.stdout.strip()
-        assert _shm.SEGMENT_NAME.match(name)
+        assert layout.SEGMENT_NAME.match(name)
         assert name in segments()  # written, never claimed
         # No further call reaches the server: its timer thread alone must remove the segment.
         deadline = time.monotonic() + 10
@@ -422,7 +422,7 @@ def test_reap_unlinks_only_expired_segments():
         assert shared.reap() == 1
         assert first not in segments() and second in segments()
         # A segment the client claimed (unlinked) is not counted as reaped.
-        _shm.unlink_segment(second)
+        layout.unlink_segment(second)
         clock.now = 20
         assert shared.reap() == 0 and shared.pending() == []
     finally:
@@ -474,16 +474,16 @@ def test_read_copies_out_and_unlinks():
 
 
 def test_segment_layout_is_aligned():
-    slots = _shm.header_slots(tensor_to_pb(EXAMPLES["csr-int32"], with_data=False))
+    slots = layout.header_slots(tensor_to_pb(EXAMPLES["csr-int32"], with_data=False))
     assert [s.field for s in slots] == ["compressed_indices", "plain_indices", "values"]
     assert [s.offset for s in slots] == [0, 64, 128]
-    assert _shm.segment_bytes(slots) == 128 + 24
-    assert _shm.segment_bytes(_shm.header_slots(tensor_to_pb(EXAMPLES["empty-dense"], with_data=False))) == 0
+    assert layout.segment_bytes(slots) == 128 + 24
+    assert layout.segment_bytes(layout.header_slots(tensor_to_pb(EXAMPLES["empty-dense"], with_data=False))) == 0
 
 
 def test_segment_names_are_unguessable():
-    names = {_shm.new_segment_name() for _ in range(100)}
-    assert len(names) == 100 and all(_shm.SEGMENT_NAME.match(n) for n in names)
+    names = {layout.new_segment_name() for _ in range(100)}
+    assert len(names) == 100 and all(layout.SEGMENT_NAME.match(n) for n in names)
 
 
 def test_big_arrays_are_read_in_parallel_pieces(monkeypatch):
@@ -491,23 +491,23 @@ def test_big_arrays_are_read_in_parallel_pieces(monkeypatch):
     piece is still an error."""
     from sparseserve.server.shm import SharedSegments
 
-    monkeypatch.setattr(_shm, "_PARALLEL_BYTES", 1000)
-    monkeypatch.setattr(_shm, "_READ_THREADS", 3)
+    monkeypatch.setattr(layout, "_PARALLEL_BYTES", 1000)
+    monkeypatch.setattr(layout, "_READ_THREADS", 3)
     rng = np.random.default_rng(5)
     tensor = coo(rng, [300, 300], 5000, np.complex128)  # pieces not a multiple of the 4 KiB step
     shared = SharedSegments(60)
     try:
         assert_same(tensor, shared.read(shared.export(tensor), max_bytes=1 << 30))
-        shm = _shm.create_segment(100_000)
+        shm = layout.create_segment(100_000)
         try:
-            fd = _shm.open_segment(shm.name, "")
+            fd = layout.open_segment(shm.name, "")
             os.ftruncate(shm._fd, 50_000)
             with pytest.raises(InvalidArgumentError) as info:
-                _shm.read_slot(fd, _shm.Slot("values", np.dtype(np.uint8), (100_000,), 0, 100_000), shm.name)
+                layout.read_slot(fd, layout.Slot("values", np.dtype(np.uint8), (100_000,), 0, 100_000), shm.name)
             assert info.value.reason == "BUFFER_LENGTH"
             os.close(fd)
         finally:
-            _shm.close_segment(shm)
-            _shm.unlink_segment(shm.name)
+            layout.close_segment(shm)
+            layout.unlink_segment(shm.name)
     finally:
         shared.close()

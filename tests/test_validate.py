@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import SparseTensor
-from sparseserve._validate import check_dense, check_sparse
+from sparseserve.core.validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError
 from sparseserve.kernels import indices_in_range
 from sparseserve.kernels._sort import frozen
@@ -184,7 +184,8 @@ def test_compiled_range_check_refuses_limits_that_do_not_match_the_columns():
 
 
 def test_tensors_checked_into_the_store_are_not_checked_again():
-    from sparseserve.server.argtypes import TENSOR, checked
+    from sparseserve.server.argtypes import TENSOR
+    from sparseserve.server.trust import checked
     from sparseserve.server.registry import Arg
 
     t = SparseTensor(indices=[[0, 1], [2, 0]], values=[1.0, 2.0], dense_shape=[3, 2])

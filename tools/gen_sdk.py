@@ -75,10 +75,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeAlias, TypeVar, U
 
 import numpy as np
 
-from ._tensor import HandleRef, OutputRef, SparseTensor
-
-if TYPE_CHECKING:
-    from ._client import RemoteTensor
+from ._remote import RemoteTensor
+from .core.tensor import HandleRef, OutputRef, SparseTensor
 
 __all__ = ["ClientOps", "AsyncClientOps", "TensorLike", "Scalar", "IntList", "Axes", "Index", "Tensor"]
 

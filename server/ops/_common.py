@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor, coo_tensor
-from sparseserve.errors import InvalidArgumentError
+from sparseserve.core.tensor import SparseTensor, coo_tensor
+from sparseserve.core.errors import InvalidArgumentError
 
 
 def cast_scalar(value: Any, dtype: np.dtype, name: str) -> np.generic:

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import SparseServeError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import SparseServeError
 
 from ..device import DeviceTensor
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from sparseserve import kernels
-from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
+from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.kernels import compressed as ck
 from sparseserve.kernels._sort import frozen, gather_rows
 

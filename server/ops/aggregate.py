@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import aggregate as agk
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import linalg as lk

@@ -25,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from sparseserve import kernels
-from sparseserve._dtypes import dtype_from_name
-from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
-from sparseserve._validate import INT64_MAX, check_shape
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.dtypes import dtype_from_name
+from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
+from sparseserve.core.validate import INT64_MAX, check_shape
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 
 from ..argtypes import DENSE, INT, INT_LIST, OPTIONAL_INT, SPARSE, STRING
 from ..registry import REGISTRY, Arg, Output

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import InvalidArgumentError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import InvalidArgumentError
 from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 

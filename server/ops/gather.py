@@ -15,8 +15,8 @@ import weakref
 import numpy as np
 
 from sparseserve import kernels
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import elementwise as ek
 from sparseserve.kernels import gather as gk
 from sparseserve.kernels._sort import gather_rows

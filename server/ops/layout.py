@@ -10,8 +10,8 @@ that form. The arguments are checked here; the work is in ``_layouts``.
 
 from __future__ import annotations
 
-from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
-from sparseserve.errors import InvalidArgumentError
+from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
+from sparseserve.core.errors import InvalidArgumentError
 from sparseserve.kernels import arrays as ka
 
 from ..argtypes import AXES, OPTIONAL_INT, SPARSE, STRING

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import compressed as ck
 from sparseserve.kernels import linalg as lk

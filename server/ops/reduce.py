@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import reduce as rk

@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from sparseserve._tensor import SparseTensor
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import segment as sk
 
 from ..argtypes import BOOL, DENSE, INT, OPTIONAL_INT, TENSOR
@@ -55,7 +55,7 @@ def _check_segment_args(op: str, data, indices, segment_ids, num_segments) -> np
         raise UnimplementedError(f"{op} takes {kinds} data, not {np.dtype(data.dtype).name}, as "
                                  "TensorFlow's does", reason="UNSUPPORTED_DTYPE")
     if data.ndim < 1:
-        raise InvalidArgumentError(f"data must have rank >= 1 (rows to gather), got a scalar",
+        raise InvalidArgumentError("data must have rank >= 1 (rows to gather), got a scalar",
                                    reason="RANK_TOO_LOW")
     _index_vector(indices, "indices")
     _index_vector(segment_ids, "segment_ids")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparseserve._tensor import BLOCK_LAYOUTS, SparseTensor
-from sparseserve._validate import INT64_MAX, check_shape
-from sparseserve.errors import InvalidArgumentError
+from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
+from sparseserve.core.validate import INT64_MAX, check_shape
+from sparseserve.core.errors import InvalidArgumentError
 from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import shape as shk

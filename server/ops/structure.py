@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparseserve import kernels
-from sparseserve._tensor import SparseTensor
-from sparseserve._validate import INT64_MAX, check_shape
-from sparseserve.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.validate import INT64_MAX, check_shape
+from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.kernels import structure as sk
 from sparseserve.kernels._sort import argsort_stable, gather_rows
 

@@ -22,10 +22,10 @@ KERNELS = ["sparseserve.kernels"] + [f"sparseserve.kernels.{p.stem}"
                                      for p in (Path(__file__).resolve().parents[2] / "kernels").glob("*.py")]
 
 with atheris.instrument_imports(include=["sparseserve"], exclude=KERNELS):
-    from sparseserve._codec import ChunkAssembler
-    from sparseserve._frames import MessageAssembler
+    from sparseserve.core.codec import ChunkAssembler
+    from sparseserve.core.frames import MessageAssembler
     from sparseserve.errors import SparseServeError
-    from sparseserve.server.argtypes import checked
+    from sparseserve.server.trust import checked
     from sparseserve.server.config import ServerConfig
     from sparseserve.server.limits import check_argument_limits
     from sparseserve.server.ops import REGISTRY

@@ -107,7 +107,7 @@ def to_torch(t):
 
 def from_torch(t):
     """Our tensor (``SparseTensor`` in torch's layout, or a numpy array) from a torch one."""
-    from sparseserve._convert import torch_to_tensor
+    from sparseserve.core.convert import torch_to_tensor
 
     return torch_to_tensor(t)
 

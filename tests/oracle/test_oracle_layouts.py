@@ -20,7 +20,7 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from _oracle import assert_same, assert_same_dense, from_torch, random_values, run, to_torch, torch
+from _oracle import assert_same, assert_same_dense, from_torch, random_values, run, torch
 from sparseserve import SparseTensor
 
 SETTINGS = settings(max_examples=25, deadline=None,

@@ -1,4 +1,3 @@
-import numpy as np
 from hypothesis import given, settings
 from _oracle import tf, run, to_tf, coo_tensors, assert_same_dense
 

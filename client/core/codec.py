@@ -14,11 +14,11 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ._dtypes import DTYPE_NAMES, check_supported
-from ._tensor import HandleRef, OutputRef, SparseTensor, coo_tensor
-from ._validate import ARRAY_MAX_RANK, check_array_shape, check_shape
+from .dtypes import DTYPE_NAMES, check_supported
+from .tensor import HandleRef, OutputRef, SparseTensor, coo_tensor
+from .validate import ARRAY_MAX_RANK, check_array_shape, check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
-from .v1 import sparseserve_pb2 as pb
+from ..v1 import sparseserve_pb2 as pb
 
 __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
            "value_from_pb", "array_bytes", "tensor_bytes", "value_bytes", "tensor_pieces", "tensor_to_bytes",

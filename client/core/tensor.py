@@ -14,11 +14,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, LAYOUTS
+from .validate import check_sparse
+
 __all__ = ["SparseTensor", "HandleRef", "OutputRef", "LAYOUTS", "COMPRESSED_LAYOUTS", "BLOCK_LAYOUTS"]
 
-LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
-COMPRESSED_LAYOUTS = ("csr", "csc", "bsr", "bsc")
-BLOCK_LAYOUTS = ("bsr", "bsc")
 
 
 @dataclass(frozen=True)
@@ -173,40 +173,28 @@ class SparseTensor:
     # ------------------------------------------------------------ conversion
     def validate(self, name: str = "tensor") -> "SparseTensor":
         """Check every SPEC section 2 invariant; raise ``InvalidArgumentError`` naming ``name``."""
-        from ._validate import check_sparse
-
         check_sparse(self, name)
         return self
 
     def to_coo(self) -> "SparseTensor":
         """This tensor in COO layout (itself when it already is)."""
-        from ._convert import compressed_to_coo
-
         return self if self.layout == "coo" else compressed_to_coo(self)
 
     def to_dense(self) -> np.ndarray:
         """The dense ``numpy.ndarray``, computed locally; repeated indices are summed."""
-        from ._convert import sparse_to_numpy
-
         return sparse_to_numpy(self)
 
     def to_scipy(self):
         """A ``scipy.sparse`` array (coo_array, csr_array, csc_array or bsr_array) of a 2-D tensor."""
-        from ._convert import sparse_to_scipy
-
         return sparse_to_scipy(self)
 
     def to_torch(self):
         """The ``torch`` sparse tensor in the same layout."""
-        from ._convert import sparse_to_torch
-
         return sparse_to_torch(self)
 
     @classmethod
     def from_dense(cls, array: Any, sparse_dim: int | None = None) -> "SparseTensor":
         """The coalesced COO form of a dense array, computed locally (numpy)."""
-        from ._convert import numpy_to_sparse
-
         return numpy_to_sparse(np.asarray(array), sparse_dim)
 
     def __repr__(self) -> str:
@@ -236,3 +224,105 @@ def coo_tensor(indices: Any, values: Any, dense_shape: tuple[int, ...], *, coale
         return t
     return SparseTensor(indices=indices, values=values, dense_shape=dense_shape, coalesced=coalesced,
                         blocksize=blocksize)
+
+
+# ------------------------------------------------------------------ conversions of the to_*/from_* methods
+def numpy_to_sparse(array: np.ndarray, sparse_dim: int | None = None) -> SparseTensor:
+    """Coalesced COO of a dense array; only all-zero sub-arrays are dropped (torch's to_sparse)."""
+    sparse_dim = array.ndim if sparse_dim is None else int(sparse_dim)
+    lead = array.shape[:sparse_dim]
+    rows = array.reshape(int(np.prod(lead, dtype=np.int64)), -1)
+    keep = np.flatnonzero(np.any(rows != 0, axis=1))
+    indices = np.stack(np.unravel_index(keep, lead), axis=1) if keep.size else np.zeros((0, sparse_dim))
+    return SparseTensor(indices=indices.astype(np.int64), values=rows[keep].reshape(-1, *array.shape[sparse_dim:]),
+                        dense_shape=array.shape, coalesced=True)
+
+
+def compressed_to_coo(t: SparseTensor) -> SparseTensor:
+    """CSR/CSC/BSR/BSC (batched, hybrid) -> COO with indices over batch and both sparse dims."""
+    nb = t.batch_ndim
+    batch = t.dense_shape[:nb]
+    n_batch = int(np.prod(batch, dtype=np.int64))
+    # Explicit lengths: a batch dimension of 0 leaves nothing for -1 to infer from.
+    ci = t.compressed_indices.reshape(n_batch, t.compressed_indices.shape[-1]).astype(np.int64)
+    pi = t.plain_indices.reshape(n_batch, t.plain_indices.shape[-1]).astype(np.int64)
+    nse = pi.shape[1]
+    block = tuple(t.blocksize) if t.layout in BLOCK_LAYOUTS else (1, 1)
+    dense_dims = t.dense_shape[nb + 2:]
+    values = t.values.reshape(n_batch, nse, *block, *dense_dims)
+    counts = np.diff(ci, axis=1)
+    # The compressed coordinate of every stored entry, per batch.
+    comp = np.concatenate([np.repeat(np.arange(counts.shape[1]), counts[b]) for b in range(n_batch)]) \
+        if n_batch else np.zeros(0, np.int64)
+    plain = pi.reshape(-1)
+    batch_id = np.repeat(np.arange(n_batch), nse)
+    block_row, block_col = (comp, plain) if t.layout in ("csr", "bsr") else (plain, comp)
+    # Expand each block into its block[0] * block[1] elements.
+    r_in, c_in = np.meshgrid(np.arange(block[0]), np.arange(block[1]), indexing="ij")
+    rows = (block_row[:, None] * block[0] + r_in.reshape(1, -1)).reshape(-1)
+    cols = (block_col[:, None] * block[1] + c_in.reshape(1, -1)).reshape(-1)
+    batch_ids = np.repeat(batch_id, block[0] * block[1])
+    batch_coords = np.unravel_index(batch_ids, batch) if nb else ()
+    indices = np.stack([*batch_coords, rows, cols], axis=1).astype(np.int64)
+    n = n_batch * nse * block[0] * block[1]
+    return SparseTensor(indices=indices.reshape(n, nb + 2),
+                        values=values.reshape(n, *dense_dims), dense_shape=t.dense_shape)
+
+
+def sparse_to_numpy(t: SparseTensor) -> np.ndarray:
+    coo = t.to_coo()
+    out = np.zeros(coo.dense_shape, dtype=coo.values.dtype)
+    if coo.nnz:
+        key = tuple(coo.indices.T)
+        if coo.values.dtype == np.bool_:
+            np.logical_or.at(out, key, coo.values)
+        else:
+            np.add.at(out, key, coo.values)
+    return out
+
+
+def sparse_to_scipy(t: SparseTensor):
+    import scipy.sparse as sp
+
+    if t.layout == "bsc":
+        raise ValueError("scipy.sparse has no BSC format; convert the tensor to bsr or csc first")
+    if t.batch_ndim:
+        raise ValueError(f"scipy.sparse holds single 2-D matrices; this {t.layout} tensor has "
+                         f"{t.batch_ndim} batch dimensions (dense_shape {list(t.dense_shape)}): "
+                         "convert each batch, or use to_torch()")
+    if t.ndim != 2 or t.dense_ndim != 0:
+        raise ValueError(f"scipy.sparse holds 2-D tensors without dense dimensions; this one has "
+                         f"dense_shape {list(t.dense_shape)} with {t.dense_ndim} dense dimensions")
+    if t.layout == "coo":
+        return sp.coo_array((t.values, (t.indices[:, 0], t.indices[:, 1])), shape=t.dense_shape)
+    if t.layout == "csr":
+        return sp.csr_array((t.values, t.plain_indices, t.compressed_indices), shape=t.dense_shape)
+    if t.layout == "csc":
+        return sp.csc_array((t.values, t.plain_indices, t.compressed_indices), shape=t.dense_shape)
+    if t.layout == "bsr":
+        return sp.bsr_array((t.values, t.plain_indices, t.compressed_indices), shape=t.dense_shape,
+                            blocksize=tuple(t.blocksize))
+    raise ValueError(f"unknown layout {t.layout!r}")
+
+
+def _to_torch_array(a: np.ndarray):
+    import torch
+
+    # Arrays decoded from the wire are read-only views of the message; torch
+    # tensors are always writable, so those are copied.
+    a = np.ascontiguousarray(a)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def sparse_to_torch(t: SparseTensor):
+    import torch
+
+    # torch's invariant checks are on: a SparseTensor built by hand may not have been validated.
+    if t.layout == "coo":
+        return torch.sparse_coo_tensor(_to_torch_array(t.indices.T), _to_torch_array(t.values),
+                                       size=t.dense_shape, is_coalesced=t.coalesced or None,
+                                       check_invariants=True)
+    ctor = {"csr": torch.sparse_csr_tensor, "csc": torch.sparse_csc_tensor,
+            "bsr": torch.sparse_bsr_tensor, "bsc": torch.sparse_bsc_tensor}[t.layout]
+    return ctor(_to_torch_array(t.compressed_indices), _to_torch_array(t.plain_indices),
+                _to_torch_array(t.values), size=t.dense_shape, check_invariants=True)

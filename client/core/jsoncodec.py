@@ -24,9 +24,9 @@ try:
 except ImportError:  # the SDK's base install: the standard library's JSON (below)
     orjson = None
 
-from ._dtypes import check_supported, dtype_from_name
-from ._tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor
-from ._validate import check_array_shape
+from .dtypes import check_supported, dtype_from_name
+from .tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor
+from .validate import check_array_shape
 from .errors import InvalidArgumentError
 
 __all__ = ["tensor_to_json", "tensor_from_json", "array_to_json", "array_from_json",

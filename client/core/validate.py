@@ -11,17 +11,32 @@ broken rule and carries a stable ``reason`` word.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Protocol, TypeVar
 
 import numpy as np
 
-from ._dtypes import INDEX_DTYPES, check_supported
-from ._tensor import BLOCK_LAYOUTS, LAYOUTS, SparseTensor
+from .dtypes import INDEX_DTYPES, check_supported
+from .layouts import BLOCK_LAYOUTS, LAYOUTS
 from .errors import InvalidArgumentError
 
 __all__ = ["check_shape", "check_sparse", "check_dense", "INT64_MAX"]
 
 INT64_MAX = np.iinfo(np.int64).max
+
+
+class Sparse(Protocol):
+    """What validation reads of a sparse tensor (``sparseserve.core.tensor.SparseTensor``)."""
+
+    layout: str
+    dense_shape: tuple[int, ...]
+    values: np.ndarray
+    indices: np.ndarray | None
+    compressed_indices: np.ndarray | None
+    plain_indices: np.ndarray | None
+    blocksize: tuple[int, ...] | None
+
+
+T = TypeVar("T", bound=Sparse)
 
 
 def _fail(message: str, reason: str) -> InvalidArgumentError:
@@ -120,7 +135,7 @@ def _check_values_shape(values: np.ndarray, expected: tuple[int, ...], name: str
                     "VALUES_SHAPE_MISMATCH")
 
 
-def check_sparse(t: SparseTensor, name: str, in_range: InRange | None = None) -> SparseTensor:
+def check_sparse(t: T, name: str, in_range: InRange | None = None) -> T:
     """All SPEC section 2 invariants of a sparse tensor; raises ``InvalidArgumentError``.
     ``in_range``: a compiled check of COO index ranges (see ``InRange``)."""
     if t.layout not in LAYOUTS:
@@ -134,7 +149,7 @@ def check_sparse(t: SparseTensor, name: str, in_range: InRange | None = None) ->
     return t
 
 
-def _check_coo(t: SparseTensor, shape: tuple[int, ...], name: str, in_range: InRange | None):
+def _check_coo(t: Sparse, shape: tuple[int, ...], name: str, in_range: InRange | None):
     idx = t.indices
     if idx.dtype != np.int64:
         raise _fail(f"{name}.indices has dtype {idx.dtype}; COO indices are int64", "INDEX_DTYPE")
@@ -156,7 +171,7 @@ def _check_coo(t: SparseTensor, shape: tuple[int, ...], name: str, in_range: InR
                        f"{name}.dense_shape", in_range)
 
 
-def _check_compressed(t: SparseTensor, shape: tuple[int, ...], name: str):
+def _check_compressed(t: Sparse, shape: tuple[int, ...], name: str):
     ci, pi = t.compressed_indices, t.plain_indices
     for arr, field in ((ci, "compressed_indices"), (pi, "plain_indices")):
         if arr.dtype not in INDEX_DTYPES:

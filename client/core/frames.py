@@ -19,12 +19,12 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ._codec import (DEFAULT_CHUNK_BYTES, _bytes_field, _len_prefix, _read_varint, _varint, iter_fields,
+from .codec import (DEFAULT_CHUNK_BYTES, _bytes_field, _len_prefix, _read_varint, _varint, iter_fields,
                      new_buffer, tensor_bytes, tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes,
                      value_from_pb)
-from ._tensor import SparseTensor
+from .tensor import SparseTensor
 from .errors import InvalidArgumentError, ResourceExhaustedError
-from .v1 import sparseserve_pb2 as pb
+from ..v1 import sparseserve_pb2 as pb
 
 __all__ = ["FRAME_BYTES", "execute_request_pieces", "execute_request_bytes", "execute_request_from_bytes",
            "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "flat_outputs", "grouped_outputs", "message_frames", "MessageAssembler",

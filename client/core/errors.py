@@ -1,0 +1,152 @@
+"""The one error model of both wires (SPEC section 6).
+
+The server raises these classes; each wire maps them to its status in one
+place (the tables below), and the SDK maps a status back to the same class,
+so a caller catches ``InvalidArgumentError`` whichever wire it speaks. Callers
+key on ``code`` and ``reason``, never on the message text.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "SparseServeError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "ResourceExhaustedError",
+    "UnauthenticatedError",
+    "PermissionDeniedError",
+    "UnimplementedError",
+    "UnavailableError",
+    "DeadlineExceededError",
+    "InternalError",
+    "error_for_code",
+]
+
+
+class SparseServeError(Exception):
+    """Base of every error the service reports.
+
+    ``code`` is the canonical code name (``"INVALID_ARGUMENT"``), ``reason`` a
+    stable machine-readable word for the broken rule, ``message`` the human
+    text that names the argument and the rule.
+    """
+
+    code = "UNKNOWN"
+    http_status = 500
+    grpc_status = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, *, reason: str | None = None, request_id: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.code
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"{self.code} [{self.reason}]: {self.message}"
+
+    def __reduce__(self):
+        # Pickled with its reason (and any per-instance status): Dask workers raise these.
+        return (type(self), (self.message,), self.__dict__)
+
+    def to_json(self) -> dict:
+        body = {"code": self.code, "reason": self.reason, "message": self.message}
+        if self.request_id:
+            body["request_id"] = self.request_id
+        return {"error": body}
+
+
+class InvalidArgumentError(SparseServeError):
+    """A tensor breaks an invariant or an argument is out of range."""
+
+    code, http_status, grpc_status = "INVALID_ARGUMENT", 400, grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(SparseServeError):
+    """Unknown op or handle."""
+
+    code, http_status, grpc_status = "NOT_FOUND", 404, grpc.StatusCode.NOT_FOUND
+
+
+class ResourceExhaustedError(SparseServeError):
+    """A request, result or the store is over its limit."""
+
+    code, http_status, grpc_status = "RESOURCE_EXHAUSTED", 413, grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class UnauthenticatedError(SparseServeError):
+    """Missing or wrong bearer token."""
+
+    code, http_status, grpc_status = "UNAUTHENTICATED", 401, grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(SparseServeError):
+    """A handle that belongs to another tenant."""
+
+    code, http_status, grpc_status = "PERMISSION_DENIED", 403, grpc.StatusCode.PERMISSION_DENIED
+
+
+class UnimplementedError(SparseServeError):
+    """A layout or dtype the op does not support."""
+
+    code, http_status, grpc_status = "UNIMPLEMENTED", 501, grpc.StatusCode.UNIMPLEMENTED
+
+
+class UnavailableError(SparseServeError):
+    """The server is overloaded, not ready, or shutting down."""
+
+    code, http_status, grpc_status = "UNAVAILABLE", 503, grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceededError(SparseServeError):
+    """The caller's deadline passed."""
+
+    code, http_status, grpc_status = "DEADLINE_EXCEEDED", 504, grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class InternalError(SparseServeError):
+    """A bug in the service: never the answer to bad input."""
+
+    code, http_status, grpc_status = "INTERNAL", 500, grpc.StatusCode.INTERNAL
+
+
+_CLASSES = (
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    PermissionDeniedError,
+    UnimplementedError,
+    UnavailableError,
+    DeadlineExceededError,
+    InternalError,
+)
+_BY_CODE = {cls.code: cls for cls in _CLASSES}
+_BY_GRPC = {cls.grpc_status: cls for cls in _CLASSES}
+
+# The trailing-metadata key that carries the reason on gRPC.
+REASON_METADATA_KEY = "sparseserve-reason"
+# ... and the request id (REST: the JSON error body and the x-request-id header).
+REQUEST_ID_METADATA_KEY = "sparseserve-request-id"
+
+
+def error_for_code(code: str, message: str, reason: str | None = None,
+                   request_id: str | None = None) -> SparseServeError:
+    """The error for a canonical code name; unknown codes become ``SparseServeError``."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        err = SparseServeError(message, reason=reason, request_id=request_id)
+        err.code = code
+        return err
+    return cls(message, reason=reason, request_id=request_id)
+
+
+def error_for_grpc_status(status: grpc.StatusCode, message: str, reason: str | None = None,
+                          request_id: str | None = None) -> SparseServeError:
+    """The error for a gRPC status (used by the SDK on the gRPC wire)."""
+    cls = _BY_GRPC.get(status)
+    if cls is None:
+        # CANCELLED, UNKNOWN, ... : keep the code name so callers can still see it.
+        return error_for_code(status.name, message, reason, request_id)
+    return cls(message, reason=reason, request_id=request_id)

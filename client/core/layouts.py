@@ -1,0 +1,6 @@
+"""The layouts a sparse tensor may have (SPEC section 2): COO after TensorFlow, and PyTorch's
+compressed ones, two of them in blocks."""
+
+LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
+COMPRESSED_LAYOUTS = ("csr", "csc", "bsr", "bsc")
+BLOCK_LAYOUTS = ("bsr", "bsc")
