@@ -213,8 +213,9 @@ class ClientOps:
         All inputs have the same rank, sparse dimensions and dtype, and the same size on every other
         dimension unless expand_nonconcat_dims, when each such dimension is the largest input's.
         The output is re-sorted row-major (stable: entries at one index keep the input order;
-        duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's). Concatenating hybrid tensors along a dense dimension zero-pads each
-        input's value blocks, so an index stored in several inputs appears once per input.
+        duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's).
+        Concatenating hybrid tensors along a dense dimension zero-pads each input's value blocks, so an
+        index stored in several inputs appears once per input.
         CSR, CSC, BSR, BSC: computed on the tensor's COO view (batch dimensions lead as sparse ones;
         every element of a stored block is a stored entry, zeros included);
         every input in one layout (one blocksize; mixing is UNIMPLEMENTED), the result in it (torch's
@@ -524,9 +525,10 @@ class ClientOps:
         Batched: a sparse [*batch, m, n] (compressed layouts with batch dimensions, or COO with leading sparse
         dimensions) times a dense [*batch, n, k] with the same batch dimensions -> dense [*batch, m, k].
         sparse @ sparse -> sparse (SpGEMM, 2-D only): CSR when a is CSR (int32 indices when both operands'
-        indices are int32 and the result fits, else int64), otherwise coalesced COO; columns ascend in each row and explicit zeros from cancellation are
-        kept. Its size is bounded before anything is allocated (the sum over the inner dimension of the entry
-        counts' products, at most the dense size) and refused past --max-result-bytes.
+        indices are int32 and the result fits, else int64), otherwise coalesced COO; columns ascend in each
+        row and explicit zeros from cancellation are kept. Its size is bounded before anything is allocated
+        (the sum over the inner dimension of the entry counts' products, at most the dense size) and refused
+        past --max-result-bytes.
         Both operands must have one dtype; every number dtype works except bool (UNIMPLEMENTED); integers wrap
         as numpy's matmul does, float16 is accumulated in float32. dense @ dense is UNIMPLEMENTED (not sparse work).
 
@@ -1375,8 +1377,9 @@ class AsyncClientOps:
         All inputs have the same rank, sparse dimensions and dtype, and the same size on every other
         dimension unless expand_nonconcat_dims, when each such dimension is the largest input's.
         The output is re-sorted row-major (stable: entries at one index keep the input order;
-        duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's). Concatenating hybrid tensors along a dense dimension zero-pads each
-        input's value blocks, so an index stored in several inputs appears once per input.
+        duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's).
+        Concatenating hybrid tensors along a dense dimension zero-pads each input's value blocks, so an
+        index stored in several inputs appears once per input.
         CSR, CSC, BSR, BSC: computed on the tensor's COO view (batch dimensions lead as sparse ones;
         every element of a stored block is a stored entry, zeros included);
         every input in one layout (one blocksize; mixing is UNIMPLEMENTED), the result in it (torch's
@@ -1692,9 +1695,10 @@ class AsyncClientOps:
         Batched: a sparse [*batch, m, n] (compressed layouts with batch dimensions, or COO with leading sparse
         dimensions) times a dense [*batch, n, k] with the same batch dimensions -> dense [*batch, m, k].
         sparse @ sparse -> sparse (SpGEMM, 2-D only): CSR when a is CSR (int32 indices when both operands'
-        indices are int32 and the result fits, else int64), otherwise coalesced COO; columns ascend in each row and explicit zeros from cancellation are
-        kept. Its size is bounded before anything is allocated (the sum over the inner dimension of the entry
-        counts' products, at most the dense size) and refused past --max-result-bytes.
+        indices are int32 and the result fits, else int64), otherwise coalesced COO; columns ascend in each
+        row and explicit zeros from cancellation are kept. Its size is bounded before anything is allocated
+        (the sum over the inner dimension of the entry counts' products, at most the dense size) and refused
+        past --max-result-bytes.
         Both operands must have one dtype; every number dtype works except bool (UNIMPLEMENTED); integers wrap
         as numpy's matmul does, float16 is accumulated in float32. dense @ dense is UNIMPLEMENTED (not sparse work).
 

@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import _parallel  # noqa: F401  (sets the threading layer before any parallel kernel)
+from . import _parallel  # sets the threading layer before any parallel kernel
 
 MAX_RADIX_BITS = 12  # 4096 buckets: the count array (32 KiB) stays in L1
 BUCKET_RADIX_BITS = 11  # digits of the in-cache passes over one bucket

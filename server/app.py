@@ -52,7 +52,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     http = _Uvicorn(uvicorn.Config(create_app(service), host=config.host, port=config.http_port,
                                    log_level=config.log_level, access_log=False, lifespan="off",
                                    log_config=None,  # uvicorn's lines go through our JSON handler
-                                   timeout_graceful_shutdown=config.shutdown_grace,
+                                   # uvicorn annotates an int, and uses it as a timeout: seconds as a float work
+                                   timeout_graceful_shutdown=config.shutdown_grace,  # type: ignore[arg-type]
                                    ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key))
     http_task = asyncio.create_task(http.serve())
     while not http.started:

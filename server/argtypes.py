@@ -29,8 +29,10 @@ __all__ = ["ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_I
 class Declared(Protocol):
     """What a type reads of the argument it checks (``registry.Arg``)."""
 
-    name: str
-    layouts: tuple[str, ...]
+    @property
+    def name(self) -> str: ...
+    @property
+    def layouts(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ class Cluster:
         record = {"tenant": tenant, "bounds": dt.bounds, "block_nnz": dt.block_nnz, "nbytes": dt.nbytes,
                   "meta": dt.meta, "blocks": dt.blocks}
         with _dask_errors("publishing a partitioned tensor"):
-            self.client.publish_dataset(**{handle: record})
+            self.client.publish_dataset(record, name=handle)
         try:
             self.store.put(_Stub(dt.nbytes), tenant, handle=handle)
         except SparseServeError:
@@ -259,7 +259,8 @@ class Cluster:
                 return Gathered(self.gathered(args))
             if isinstance(result, _Blocks):
                 if keep:
-                    return [(op.outputs[0].name, HandleRef(self.keep(self._distributed(result.futures, result.bounds), tenant)[0]))]
+                    handle, _ = self.keep(self._distributed(result.futures, result.bounds), tenant)
+                    return [(op.outputs[0].name, HandleRef(handle))]
                 result = self._joined(result, f"the {op.outputs[0].name} of {op.name}")
         return [(op.outputs[0].name, result)]
 
@@ -303,7 +304,7 @@ class Cluster:
                 raise part.entry_count_error(name, got, nnz)
         if plan.probe:
             self._probe(op, bound, plan.entries)
-        sliced = {k for k in plan.rows if plan.slice_rows(bound[k], dt.like)}
+        sliced = {k for k in plan.rows if plan.slice_rows is not None and plan.slice_rows(bound[k], dt.like)}
         whole = {k: self._shared(v) for k, v in bound.items()
                  if k != plan.tensor and k not in sliced and k not in plan.entries}
         entry_bounds = dt.entry_bounds

@@ -213,7 +213,7 @@ class ArrayBackend:
         with the arguments brought to the host (logged and counted)."""
         kernel: GpuKernel | None = op.kernels.get("cuda")
         reason = "no_gpu_kernel" if kernel is None else kernel.supports(**bound)
-        if reason is None:
+        if kernel is not None and reason is None:
             try:
                 result = kernel.fn(self, **{k: self.to_device(v) for k, v in bound.items()})
                 return result if isinstance(result, tuple) else (result,)
@@ -227,7 +227,7 @@ class ArrayBackend:
                 reason = "device_memory"
         log.info("op %s runs on the CPU: %s", op.name, reason, extra={"fields": {"op": op.name,
                                                                                "fallback": reason}})
-        self.on_fallback(op.name, reason)
+        self.on_fallback(op.name, reason or "gpu_kernel")
         return op.run("cpu", {k: self.to_host(v) for k, v in bound.items()})
 
 

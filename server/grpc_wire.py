@@ -127,7 +127,8 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
 
     async def ExecutePipeline(self, request: pb.PipelineRequest, context) -> bytes:
         tenant = _tenant(self.service, context)
-        outputs = await self.service.execute_pipeline(*pipeline_from_pb(request), tenant)
+        steps, chosen, keep = pipeline_from_pb(request)
+        outputs = await self.service.execute_pipeline(steps, chosen, keep, tenant)
         return await self._response(outputs, "pipeline result")
 
     async def PutShared(self, request: pb.SharedTensor, context) -> pb.Handle:
@@ -246,7 +247,7 @@ def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.a
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
     address = f"{service.config.host}:{service.config.grpc_port}"
-    if service.config.tls_cert:
+    if service.config.tls_cert and service.config.tls_key:  # the flags' check: both or neither
         with open(service.config.tls_cert, "rb") as cert, open(service.config.tls_key, "rb") as key:
             credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
         port = server.add_secure_port(address, credentials)

@@ -44,14 +44,6 @@ def rows_of(t: Any) -> int:
     return int(t.dense_shape[0]) if isinstance(t, SparseTensor) else int(np.shape(t)[0])
 
 
-def _row_starts(t: SparseTensor) -> np.ndarray:
-    """Each entry's row, in entry order."""
-    if t.layout == "coo":
-        return t.indices[:, 0]
-    ptr = t.compressed_indices.astype(np.int64, copy=False)
-    return np.repeat(np.arange(t.dense_shape[0], dtype=np.int64), np.diff(ptr))
-
-
 def row_bounds(t: Any, parts: int) -> list[int]:
     """At most ``parts`` blocks' first rows, and the row count last: about equal numbers of
     stored entries per block (rows of skewed data are not equal work), equal row counts for a
@@ -86,7 +78,7 @@ def split_rows(t: Any, bounds: list[int]) -> list[Any]:
     lead = t.indices[:, 0]
     if lead.size < 2 or bool(np.all(lead[1:] >= lead[:-1])):  # row order: each block is a slice
         starts = np.searchsorted(lead, bounds).tolist()
-        pieces = [slice(a, b) for a, b in zip(starts[:-1], starts[1:])]
+        pieces: list[slice | np.ndarray] = [slice(a, b) for a, b in zip(starts[:-1], starts[1:])]
     else:  # grouped by block, each group in entry order
         block = np.searchsorted(np.asarray(bounds[1:-1]), lead, side="right")
         order = np.argsort(block, kind="stable")

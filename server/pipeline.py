@@ -131,7 +131,10 @@ def _lookup(results: dict[str, Any], ref: str) -> Any:
     ("<step>.<output>[i]"): INVALID_ARGUMENT past the list's end."""
     if ref in results:
         return results[ref]
-    base, index = _element(ref)
+    element = _element(ref)
+    if element is None:  # planning checked every reference: only an element one is not a key
+        raise KeyError(ref)
+    base, index = element
     items = results[base]
     if index >= len(items):
         raise InvalidArgumentError(f"{ref!r} is past the end of {base!r}, which holds {len(items)} "

@@ -156,7 +156,7 @@ async def _read_body(request: Request, service: Service) -> bytes | memoryview:
                                            reason="BAD_BODY")
             body[filled:filled + len(part)] = np.frombuffer(part, np.uint8)
             filled += len(part)
-        return memoryview(body)[:filled]
+        return memoryview(body.data)[:filled]
     parts, size = [], 0
     async for part in request.stream():
         parts.append(part)
@@ -219,10 +219,6 @@ def _decode_pipeline_body(body: bytes | memoryview, protobuf: bool, max_depth: i
     if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
         raise InvalidArgumentError("outputs must be a list of \"<step>.<output>\" names", reason="BAD_JSON")
     return steps, outputs, bool(obj.get("keep", False))
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").lower() in ("1", "true", "yes")
 
 
 def create_app(service: Service) -> FastAPI:
@@ -342,7 +338,7 @@ def _add_tensor_schemas(app: FastAPI) -> None:
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
 
 
 _INT_LIST = {"type": "array", "items": {"type": "integer"}}
@@ -385,7 +381,7 @@ def _decode_json_tensor(body: bytes, max_depth: int):
     return tensor_from_json(_parse_json(body, max_depth), "tensor")
 
 
-def _parse_message(cls, body: bytes):
+def _parse_message(cls, body: bytes | memoryview):
     try:
         return cls.FromString(body)
     except Exception:  # protobuf raises DecodeError, or others on some inputs

@@ -13,7 +13,7 @@ import contextvars
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 
 from sparseserve.core.tensor import HandleRef
@@ -29,8 +29,12 @@ from .limits import (check_argument_limits, check_deadline, check_result_bytes, 
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
+from .shm import SharedSegments
 from .sizes import INLINE_BYTES, arguments_nbytes, tensor_nbytes
 from .store import HandleStore
+
+if TYPE_CHECKING:  # Dask is an optional extra: imported only with --dask-scheduler
+    from .cluster import Cluster
 
 __all__ = ["Service", "check_partitions", "partitions_from_text", "MAX_PARTITIONS"]
 
@@ -64,7 +68,8 @@ class Service:
         self.config = config
         self.registry = registry
         # None: CPU kernels only. The tests pass ArrayBackend.numpy_stand_in() to run the GPU paths.
-        self.backend = resolve_backend(config.device) if backend == "resolve" else backend
+        self.backend: ArrayBackend | None = (resolve_backend(config.device) if isinstance(backend, str)
+                                             else backend)
         self.device = self.backend.name if self.backend is not None else "cpu"
         self.store = HandleStore(config.store_bytes, config.store_ttl,
                                  tenant_budget_bytes=config.tenant_store_bytes)
@@ -83,11 +88,11 @@ class Service:
             from .batching import Batcher
 
             self.batcher = Batcher(self, config.batch_window_ms / 1000, config.max_batch)
-        self._shared = None
+        self._shared: SharedSegments | None = None
         self.metrics = Metrics(self)
         if self.backend is not None:
             self.backend.on_fallback = self.metrics.count_fallback
-        self.cluster = None  # partitioned tensors on Dask (server/cluster.py), with --dask-scheduler
+        self.cluster: Cluster | None = None  # partitioned tensors on Dask, with --dask-scheduler
         if config.dask_scheduler:
             from .cluster import Cluster
 
@@ -97,8 +102,6 @@ class Service:
     def shared(self):
         """The shared-memory segments of same-host transfers (made on first use)."""
         if self._shared is None:
-            from .shm import SharedSegments
-
             self._shared = SharedSegments(self.config.shm_ttl)
         return self._shared
 
@@ -209,7 +212,7 @@ class Service:
             resolved[name] = await self._resolve(value, tenant) if isinstance(value, (HandleRef, list)) else value
         check_argument_limits(op, resolved, self.config)
         if self._partitioned(resolved.values()):
-            answer = await self.run(self.cluster.execute, op, resolved, keep, tenant)
+            answer = await self.run(self._dask().execute, op, resolved, keep, tenant)
             if not isinstance(answer, list):  # no plan for this call: its arguments were gathered
                 return await self._kept(await self.run(self._execute_sync, op, answer.args, not keep), keep, tenant)
             return await self._kept(answer, keep, tenant)
@@ -237,7 +240,7 @@ class Service:
         for name, op_name, args in raw_steps:
             args = {k: await self._resolve(v, tenant) for k, v in args.items()}
             if self._partitioned(args.values()):  # a pipeline runs in this process
-                args = await self.run(self.cluster.gathered, args)
+                args = await self.run(self._dask().gathered, args)
             if op_name in self.registry.ops:  # an unknown op is the planner's to report
                 check_argument_limits(self.registry.get(op_name), args, self.config)
             resolved.append((name, op_name, args))
@@ -316,11 +319,17 @@ class Service:
 
             why = partitionable(value)
             if why is None:
-                parts = partitions or await self.run(self.cluster.default_partitions)
-                return await self.run(self.cluster.put, self._on_host(value), tenant, parts)
+                parts = partitions or await self.run(self._dask().default_partitions)
+                return await self.run(self._dask().put, self._on_host(value), tenant, parts)
             if partitions:
                 raise not_partitionable(why)
         return self.store.put(self._on_device(value), tenant)
+
+    def _dask(self) -> Cluster:
+        """The Dask cluster, where a call has found partitioned tensors (so there is one)."""
+        if self.cluster is None:
+            raise InternalError("a partitioned tensor on a server without --dask-scheduler")
+        return self.cluster
 
     def _partitioned(self, values) -> bool:
         return self.cluster is not None and any(self.cluster.holds(v) for v in values)

@@ -36,7 +36,7 @@ def _catalogue() -> list[dict]:
 
 def _layouts(arg: dict) -> str:
     layouts = tuple(arg["layouts"])
-    sparse = tuple(l for l in layouts if l != "dense")
+    sparse = tuple(name for name in layouts if name != "dense")
     words = [_LAYOUT_WORDS.get(sparse, ", ".join(sparse))] if sparse else []
     if "dense" in layouts:
         words.append("dense")

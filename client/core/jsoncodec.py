@@ -22,7 +22,7 @@ import numpy as np
 try:
     import orjson
 except ImportError:  # the SDK's base install: the standard library's JSON (below)
-    orjson = None
+    orjson = None  # type: ignore[assignment]
 
 from .dtypes import check_supported, dtype_from_name
 from .tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor

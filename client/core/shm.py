@@ -119,7 +119,7 @@ def _untracked(name: str, create: bool = False, size: int = 0) -> shared_memory.
     from multiprocessing import resource_tracker
 
     shm = shared_memory.SharedMemory(name, create=create, size=size)
-    resource_tracker.unregister(shm._name, "shared_memory")
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     return shm
 
 
@@ -166,11 +166,12 @@ def open_segment(name: str, missing: str) -> int:
 def write_tensor(shm: shared_memory.SharedMemory, slots: list[Slot], arrays: list[np.ndarray]) -> None:
     """Copy ``arrays`` to their slots (one copy each)."""
     for slot, a in zip(slots, arrays):
-        view = memoryview(a.reshape(-1).view(np.uint8))
+        view = a.reshape(-1).view(np.uint8).data
         done = 0
         while done < slot.nbytes:
             try:
-                done += os.pwritev(shm._fd, [view[done:done + _IO_BYTES]], slot.offset + done)
+                fd = shm._fd  # type: ignore[attr-defined]  # the segment's descriptor; no public name
+                done += os.pwritev(fd, [view[done:done + _IO_BYTES]], slot.offset + done)
             except OSError as exc:
                 raise ResourceExhaustedError(f"no room for a {segment_bytes(slots)}-byte shared-memory "
                                              f"segment: {exc.strerror}", reason="SHARED_MEMORY_FULL") from None
@@ -208,7 +209,7 @@ def _copy_pool():
 def read_slot(fd: int, slot: Slot, name: str) -> np.ndarray:
     """One array's bytes, copied from a segment into a buffer of its own."""
     buf = np.empty(slot.nbytes, np.uint8)
-    view = memoryview(buf)
+    view = buf.data
     if slot.nbytes < _PARALLEL_BYTES or _READ_THREADS == 1:
         _read_range(fd, view, slot.offset, name, slot.field)
         return buf

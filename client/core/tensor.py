@@ -40,6 +40,8 @@ class OutputRef:
 
 
 _INT64_RANGE = range(-(1 << 63), 1 << 63)
+# The arrays a layout does not have: None, typed to stand where an array is declared.
+ABSENT: Any = None
 
 
 def _as_int64_vector(shape: Any) -> tuple[int, ...]:
@@ -69,12 +71,22 @@ class SparseTensor:
 
     __slots__ = ("layout", "dense_shape", "indices", "values", "compressed_indices",
                  "plain_indices", "blocksize", "coalesced", "__weakref__")
+    layout: str
+    dense_shape: tuple[int, ...]
+    values: np.ndarray
+    # A layout's own arrays: ``indices`` (COO), or ``compressed_indices`` and ``plain_indices``;
+    # the other layout's are None (``ABSENT``). Typed as arrays: code reads them by layout.
+    indices: np.ndarray
+    compressed_indices: np.ndarray
+    plain_indices: np.ndarray
+    blocksize: tuple[int, ...] | None
+    coalesced: bool
 
     def __init__(
         self,
         indices: Any = None,
         values: Any = None,
-        dense_shape: Sequence[int] | None = None,
+        dense_shape: Sequence[int] | np.ndarray | None = None,
         *,
         layout: str = "coo",
         compressed_indices: Any = None,
@@ -102,11 +114,11 @@ class SparseTensor:
             self.indices = idx.astype(np.int64) if idx.dtype != np.int64 and idx.dtype.kind in "iub" else idx
             if self.values.size == 0 and self.values.ndim == 1 and idx.ndim == 2:
                 self.values = self.values.reshape((0, *self.dense_shape[idx.shape[1]:]))
-            self.compressed_indices = self.plain_indices = None
+            self.compressed_indices = self.plain_indices = ABSENT
         else:
             if compressed_indices is None or plain_indices is None:
                 raise ValueError(f"layout {layout!r} needs compressed_indices and plain_indices")
-            self.indices = None
+            self.indices = ABSENT
             self.compressed_indices = np.asarray(compressed_indices)
             self.plain_indices = np.asarray(plain_indices)
             if self.compressed_indices.dtype == np.float64 and self.compressed_indices.size == 0:
@@ -220,7 +232,7 @@ def coo_tensor(indices: Any, values: Any, dense_shape: tuple[int, ...], *, coale
         t = object.__new__(SparseTensor)
         t.layout, t.dense_shape, t.indices, t.values = "coo", dense_shape, indices, values
         t.blocksize, t.coalesced = blocksize, bool(coalesced)
-        t.compressed_indices = t.plain_indices = None
+        t.compressed_indices = t.plain_indices = ABSENT
         return t
     return SparseTensor(indices=indices, values=values, dense_shape=dense_shape, coalesced=coalesced,
                         blocksize=blocksize)
@@ -247,7 +259,7 @@ def compressed_to_coo(t: SparseTensor) -> SparseTensor:
     ci = t.compressed_indices.reshape(n_batch, t.compressed_indices.shape[-1]).astype(np.int64)
     pi = t.plain_indices.reshape(n_batch, t.plain_indices.shape[-1]).astype(np.int64)
     nse = pi.shape[1]
-    block = tuple(t.blocksize) if t.layout in BLOCK_LAYOUTS else (1, 1)
+    block = tuple(t.blocksize) if t.layout in BLOCK_LAYOUTS and t.blocksize else (1, 1)
     dense_dims = t.dense_shape[nb + 2:]
     values = t.values.reshape(n_batch, nse, *block, *dense_dims)
     counts = np.diff(ci, axis=1)
@@ -301,7 +313,7 @@ def sparse_to_scipy(t: SparseTensor):
         return sp.csc_array((t.values, t.plain_indices, t.compressed_indices), shape=t.dense_shape)
     if t.layout == "bsr":
         return sp.bsr_array((t.values, t.plain_indices, t.compressed_indices), shape=t.dense_shape,
-                            blocksize=tuple(t.blocksize))
+                            blocksize=tuple(t.blocksize or ()))
     raise ValueError(f"unknown layout {t.layout!r}")
 
 

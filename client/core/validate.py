@@ -27,13 +27,20 @@ INT64_MAX = np.iinfo(np.int64).max
 class Sparse(Protocol):
     """What validation reads of a sparse tensor (``sparseserve.core.tensor.SparseTensor``)."""
 
-    layout: str
-    dense_shape: tuple[int, ...]
-    values: np.ndarray
-    indices: np.ndarray | None
-    compressed_indices: np.ndarray | None
-    plain_indices: np.ndarray | None
-    blocksize: tuple[int, ...] | None
+    @property
+    def layout(self) -> str: ...
+    @property
+    def dense_shape(self) -> tuple[int, ...]: ...
+    @property
+    def values(self) -> np.ndarray: ...
+    @property
+    def indices(self) -> np.ndarray: ...  # COO
+    @property
+    def compressed_indices(self) -> np.ndarray: ...  # the compressed layouts
+    @property
+    def plain_indices(self) -> np.ndarray: ...
+    @property
+    def blocksize(self) -> tuple[int, ...] | None: ...
 
 
 T = TypeVar("T", bound=Sparse)
@@ -195,7 +202,7 @@ def _check_compressed(t: Sparse, shape: tuple[int, ...], name: str):
         raise _fail(f"{name}.dense_shape[:{nb}] = {list(shape[:nb])} differs from the index batch "
                     f"shape {list(batch)}", "BATCH_MISMATCH")
     rows, cols = shape[nb], shape[nb + 1]
-    block = (1, 1)
+    block: tuple[int, ...] = (1, 1)
     if t.layout in BLOCK_LAYOUTS:
         bs = t.blocksize
         if bs is None or len(bs) != 2 or min(bs) < 1:

@@ -11,7 +11,7 @@ from sparseserve.core.tensor import SparseTensor, coo_tensor
 from sparseserve.core.errors import InvalidArgumentError
 
 
-def cast_scalar(value: Any, dtype: np.dtype, name: str) -> np.generic:
+def cast_scalar(value: Any, dtype: np.dtype, name: str) -> Any:
     """``value`` as a scalar of ``dtype``, refusing casts that change it (1.5 to int, 300 to int8)."""
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():

@@ -39,7 +39,9 @@ class BatchNseError(ValueError):
 
 # ------------------------------------------------------------------ small helpers
 def _block(t: SparseTensor) -> tuple[int, int]:
-    return tuple(int(b) for b in t.blocksize) if t.layout in BLOCK_LAYOUTS else (1, 1)
+    if t.layout in BLOCK_LAYOUTS and t.blocksize is not None:
+        return int(t.blocksize[0]), int(t.blocksize[1])
+    return 1, 1
 
 
 def _n_batch(t: SparseTensor) -> int:
@@ -316,7 +318,7 @@ def _segments(t: SparseTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order. Validation guarantees each batch's compressed indices run from 0 to nse."""
     ci, pi = _indices_2d(t)
     n_batch, nse = pi.shape
-    counts = np.diff(ci.astype(np.int64, copy=False), axis=1)
+    counts: np.ndarray = np.diff(ci.astype(np.int64, copy=False), axis=1)
     n_seg = counts.shape[1]
     segment = np.repeat(np.tile(np.arange(n_seg, dtype=np.int64), n_batch), counts.reshape(-1))
     batch = np.repeat(np.arange(n_batch, dtype=np.int64), nse)

@@ -11,6 +11,7 @@ result is that dtype).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -476,11 +477,12 @@ def add_gpu(be, a, b, threshold: float = 0.0):
 # torch.signbit, torch.isnan, torch.erf, ...). The group functions of _SPECIAL, _PREDICATES and
 # _TORCH are written over an array namespace ``xp`` (numpy here, CuPy in the GPU kernel) so both
 # devices compute them one way.
-_ROUNDING = {"ceil": np.ceil, "floor": np.floor, "round": np.round, "trunc": np.trunc}
-_ANALYTIC = {"sqrt": np.sqrt, "sin": np.sin, "tan": np.tan, "tanh": np.tanh, "asin": np.arcsin,
-             "atan": np.arctan, "sinh": np.sinh, "asinh": np.arcsinh, "atanh": np.arctanh,
-             "expm1": np.expm1, "log1p": np.log1p}
-_ANGLE = {"deg2rad": np.deg2rad, "rad2deg": np.rad2deg}
+_Unary = Callable[[np.ndarray], np.ndarray]
+_ROUNDING: dict[str, _Unary] = {"ceil": np.ceil, "floor": np.floor, "round": np.round, "trunc": np.trunc}
+_ANALYTIC: dict[str, _Unary] = {"sqrt": np.sqrt, "sin": np.sin, "tan": np.tan, "tanh": np.tanh, "asin": np.arcsin,
+                                "atan": np.arctan, "sinh": np.sinh, "asinh": np.arcsinh, "atanh": np.arctanh,
+                                "expm1": np.expm1, "log1p": np.log1p}
+_ANGLE: dict[str, _Unary] = {"deg2rad": np.deg2rad, "rad2deg": np.rad2deg}
 # Real analytic functions from scipy.special (cupyx.scipy.special on a GPU).
 _SPECIAL = ("erf", "erfinv")
 # Predicates: bool results.

@@ -194,7 +194,8 @@ def _check_dense_operand(x: np.ndarray, x_name: str, inner: int, batch, s_name: 
         if batch:
             raise InvalidArgumentError(f"{x_name} is a vector but {s_name} is batched (shape {list(s_shape)}); "
                                        f"give {x_name} the batch dimensions {list(batch)}", reason="SHAPE_MISMATCH")
-        got_inner, got_batch = x.shape[0], ()
+        got_batch: tuple[int, ...] = ()
+        got_inner = x.shape[0]
     else:
         got_batch = tuple(int(d) for d in x.shape[:-2])
         got_inner = x.shape[-1] if x_adjoint else x.shape[-2]
@@ -311,9 +312,10 @@ dense @ sparse likewise (a dense vector on the left is a row vector).
 Batched: a sparse [*batch, m, n] (compressed layouts with batch dimensions, or COO with leading sparse
 dimensions) times a dense [*batch, n, k] with the same batch dimensions -> dense [*batch, m, k].
 sparse @ sparse -> sparse (SpGEMM, 2-D only): CSR when a is CSR (int32 indices when both operands'
-indices are int32 and the result fits, else int64), otherwise coalesced COO; columns ascend in each row and explicit zeros from cancellation are
-kept. Its size is bounded before anything is allocated (the sum over the inner dimension of the entry
-counts' products, at most the dense size) and refused past --max-result-bytes.
+indices are int32 and the result fits, else int64), otherwise coalesced COO; columns ascend in each
+row and explicit zeros from cancellation are kept. Its size is bounded before anything is allocated
+(the sum over the inner dimension of the entry counts' products, at most the dense size) and refused
+past --max-result-bytes.
 Both operands must have one dtype; every number dtype works except bool (UNIMPLEMENTED); integers wrap
 as numpy's matmul does, float16 is accumulated in float32. dense @ dense is UNIMPLEMENTED (not sparse work).""",
     args=[Arg("a", TENSOR, "Left operand: sparse [*batch, m, n], or dense [m, n] / [*batch, m, n] / [n].",

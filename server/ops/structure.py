@@ -47,10 +47,6 @@ def _nbytes(shape, dtype) -> int:
     return int(np.prod([int(d) for d in shape], dtype=object)) * np.dtype(dtype).itemsize
 
 
-def _inner(shape) -> int:
-    return int(np.prod([int(d) for d in shape], dtype=object))
-
-
 # --------------------------------------------------------------- sparse_to_dense
 @dataclass
 class _StdPlan:
@@ -243,8 +239,9 @@ def _concat_bytes(axis, sp_inputs, expand_nonconcat_dims=False, **_) -> int:
 All inputs have the same rank, sparse dimensions and dtype, and the same size on every other
 dimension unless expand_nonconcat_dims, when each such dimension is the largest input's.
 The output is re-sorted row-major (stable: entries at one index keep the input order;
-duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's). Concatenating hybrid tensors along a dense dimension zero-pads each
-input's value blocks, so an index stored in several inputs appears once per input.""" + _VIEW_DOC + """;
+duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's).
+Concatenating hybrid tensors along a dense dimension zero-pads each input's value blocks, so an
+index stored in several inputs appears once per input.""" + _VIEW_DOC + """;
 every input in one layout (one blocksize; mixing is UNIMPLEMENTED), the result in it (torch's
 layout), coalesced, with the inputs' blocksize and index dtype (int64 if any input's is). A batched
 result whose batches would hold different numbers of entries is INVALID_ARGUMENT.""",
@@ -380,7 +377,10 @@ def _select_plan(sp_input: SparseTensor, index: list) -> _SelectPlan:
             b, e, st = item.indices(dim)
             n = len(range(b, e, st))
             st = min(st, max(dim, 1))  # same progression (n <= 1 past dim), and it fits int64
-            start.append(b), step.append(st), length.append(n), keep.append(True)
+            start.append(b)
+            step.append(st)
+            length.append(n)
+            keep.append(True)
             out_shape.append(n)
         else:
             i = int(item)
@@ -388,7 +388,10 @@ def _select_plan(sp_input: SparseTensor, index: list) -> _SelectPlan:
                 raise InvalidArgumentError(f"index[{d}] = {i} is out of range for dense_shape[{d}] = {dim}",
                                            reason="INDEX_OUT_OF_RANGE")
             i %= dim
-            start.append(i), step.append(1), length.append(1), keep.append(False)
+            start.append(i)
+            step.append(1)
+            length.append(1)
+            keep.append(False)
     dense_index = tuple(slice(b, b + st * n, st) if k else b
                         for b, st, n, k in zip(start[s:], step[s:], length[s:], keep[s:]))
     dense_out = not any(keep[:s])
