@@ -1,4 +1,5 @@
-"""The README's op table and docs/ops.md are generated from the registry: fail when stale."""
+"""The generated docs (the README's op table, docs/ops.md, and the error tables of
+docs/contract.md) are what the code makes now: fail when stale."""
 
 from __future__ import annotations
 
@@ -32,10 +33,30 @@ def test_readme_table_lists_every_op_with_its_layouts():
 
 def test_check_mode_finds_a_stale_table(tmp_path, monkeypatch):
     stale_readme = tmp_path / "README.md"
-    stale_readme.write_text(f"x\n{gen_docs.BEGIN}\n| `no_such_op` |\n{gen_docs.END}\ny\n")
+    stale_readme.write_text("x\n<!-- ops:begin -->\n| `no_such_op` |\n<!-- ops:end -->\ny\n")
+    stale_contract = tmp_path / "contract.md"
+    stale_contract.write_text("<!-- errors:begin -->\n<!-- errors:end -->\n<!-- reasons:begin -->\n| `X` |\n"
+                              "<!-- reasons:end -->\n")
     monkeypatch.setattr(gen_docs, "README", stale_readme)
     monkeypatch.setattr(gen_docs, "CATALOGUE", tmp_path / "ops.md")
+    monkeypatch.setattr(gen_docs, "CONTRACT", stale_contract)
     assert gen_docs.main(["--check"]) == 1
     assert gen_docs.main([]) == 0
     assert gen_docs.main(["--check"]) == 0
     assert "| `to_dense` |" in stale_readme.read_text() and stale_readme.read_text().endswith("y\n")
+    contract = stale_contract.read_text()
+    assert "| `InvalidArgumentError` | `INVALID_ARGUMENT` |" in contract and "`X`" not in contract
+
+
+def test_reasons_are_read_from_the_raising_code(tmp_path):
+    """The reasons table finds a literal reason, both of a conditional one, validation's
+    positional one, and nothing computed at run time."""
+    source = tmp_path / "m.py"
+    source.write_text('raise InvalidArgumentError("m", reason="ONE")\n'
+                      'raise UnauthenticatedError("m", reason="A" if x else "B")\n'
+                      'raise _fail("m", "TWO")\n'
+                      'raise NotFoundError("m", reason=computed)\n')
+    codes = {"InvalidArgumentError": "INVALID_ARGUMENT", "UnauthenticatedError": "UNAUTHENTICATED",
+             "NotFoundError": "NOT_FOUND"}
+    assert sorted(gen_docs._raised_reasons(source, codes)) == [
+        ("INVALID_ARGUMENT", "ONE"), ("INVALID_ARGUMENT", "TWO"), ("UNAUTHENTICATED", "A"), ("UNAUTHENTICATED", "B")]

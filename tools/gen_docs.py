@@ -1,28 +1,37 @@
 """Write the op catalogue into the docs from the registry: ``python tools/gen_docs.py [--check]``.
 
-Two places are generated, never edited by hand:
+These places are generated, never edited by hand:
 
 - the README's op table, between the ``<!-- ops:begin -->`` and ``<!-- ops:end -->`` markers
   (one line per op: its tensor arguments with the layouts each takes, its outputs, the first
   line of its doc);
 - ``docs/ops.md``, the whole catalogue: every argument with its type, default and doc, every
-  output, the op's full doc.
+  output, the op's full doc;
+- in ``docs/contract.md``, the error table (from ``sparseserve.core.errors``) and the reasons
+  each code is raised with (read from the code that raises them).
 
-Both come from ``GET /v1/ops``'s own source (``OpDef.describe``), so they say what the server
-serves. ``--check`` writes nothing and exits 1 naming the stale file; ``tests/test_docs_fresh.py``
+The catalogue comes from ``GET /v1/ops``'s own source (``OpDef.describe``), so it says what the
+server serves. ``--check`` writes nothing and exits 1 naming the stale file; ``tests/test_docs_fresh.py``
 runs the same check, so a new op or a changed doc fails the suite until ``make docs`` is run.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CATALOGUE = ROOT / "docs" / "ops.md"
-BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"
+CONTRACT = ROOT / "docs" / "contract.md"
+# HTTP statuses a code takes besides its class's own.
+_HTTP_NOTES = {"INVALID_ARGUMENT": "400 (422: a body the schema refuses)",
+               "RESOURCE_EXHAUSTED": "413 (429: a tenant's quota)"}
+# Where the errors raised come from: the SDK, the core and the server.
+RAISING = ("client", "server")
 
 _SUMMARY_CHARS = 110
 _LAYOUT_WORDS = {("coo", "csr", "csc", "bsr", "bsc"): "any sparse"}
@@ -87,19 +96,69 @@ def catalogue_page(catalogue: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _with_table(readme: str, table: str) -> str:
-    head, begin, rest = readme.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not (begin and end):
-        raise SystemExit(f"README.md lacks the {BEGIN} ... {END} markers")
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+def error_table() -> str:
+    """The error classes with their code, gRPC status and HTTP status."""
+    from sparseserve.core import errors
+
+    rows = ["| SDK class (`sparseserve.errors`) | code | gRPC status | HTTP | when |", "|---|---|---|---|---|"]
+    for cls in errors.ERROR_CLASSES:
+        when = (cls.__doc__ or "").strip().splitlines()[0]
+        http = _HTTP_NOTES.get(cls.code, str(cls.http_status))
+        rows.append(f"| `{cls.__name__}` | `{cls.code}` | {cls.grpc_status.name} | {http} | {when} |")
+    return "\n".join(rows)
+
+
+def _raised_reasons(path: Path, codes: dict[str, str]) -> list[tuple[str, str]]:
+    """(code, reason) of each error built in ``path`` with a literal reason: ``XError(...,
+    reason="R")``, or validation's ``_fail(message, "R")`` (always INVALID_ARGUMENT)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        reason = next((k.value for k in node.keywords if k.arg == "reason"), None)
+        if name == "_fail" and len(node.args) == 2:
+            name, reason = "InvalidArgumentError", node.args[1]
+        choices = [reason.body, reason.orelse] if isinstance(reason, ast.IfExp) else [reason]
+        found += [(codes[name], c.value) for c in choices
+                  if name in codes and isinstance(c, ast.Constant) and isinstance(c.value, str)]
+    return found
+
+
+def reasons_table() -> str:
+    """Every literal reason in the code, under the code it is raised with."""
+    from sparseserve.core import errors
+
+    codes = {cls.__name__: cls.code for cls in errors.ERROR_CLASSES}
+    by_code: dict[str, set[str]] = defaultdict(set)
+    for folder in RAISING:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for code, reason in _raised_reasons(path, codes):
+                by_code[code].add(reason)
+    rows = ["| code | reasons |", "|---|---|"]
+    for cls in errors.ERROR_CLASSES:
+        words = ", ".join(f"`{r}`" for r in sorted(by_code[cls.code])) or "—"
+        rows.append(f"| `{cls.code}` | {words} |")
+    return "\n".join(rows)
+
+
+def _between(text: str, marker: str, body: str, where: str) -> str:
+    """``text`` with ``body`` between the ``<!-- marker:begin -->`` and ``<!-- marker:end -->`` lines."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    head, found_begin, rest = text.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not (found_begin and found_end):
+        raise SystemExit(f"{where} lacks the {begin} ... {end} markers")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
 def expected() -> dict[Path, str]:
     """Each generated file's content as it should be now."""
     catalogue = _catalogue()
-    return {README: _with_table(README.read_text(), op_table(catalogue)),
-            CATALOGUE: catalogue_page(catalogue)}
+    contract = _between(CONTRACT.read_text(), "errors", error_table(), "docs/contract.md")
+    return {README: _between(README.read_text(), "ops", op_table(catalogue), "README.md"),
+            CATALOGUE: catalogue_page(catalogue),
+            CONTRACT: _between(contract, "reasons", reasons_table(), "docs/contract.md")}
 
 
 def stale() -> list[Path]:

@@ -21,7 +21,9 @@ __all__ = [
     "UnavailableError",
     "DeadlineExceededError",
     "InternalError",
+    "ERROR_CLASSES",
     "error_for_code",
+    "error_for_grpc_status",
 ]
 
 
@@ -111,7 +113,8 @@ class InternalError(SparseServeError):
     code, http_status, grpc_status = "INTERNAL", 500, grpc.StatusCode.INTERNAL
 
 
-_CLASSES = (
+# Every class of the model, in the order the docs list them.
+ERROR_CLASSES = (
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
@@ -122,8 +125,8 @@ _CLASSES = (
     DeadlineExceededError,
     InternalError,
 )
-_BY_CODE = {cls.code: cls for cls in _CLASSES}
-_BY_GRPC = {cls.grpc_status: cls for cls in _CLASSES}
+_BY_CODE = {cls.code: cls for cls in ERROR_CLASSES}
+_BY_GRPC = {cls.grpc_status: cls for cls in ERROR_CLASSES}
 
 # The trailing-metadata key that carries the reason on gRPC.
 REASON_METADATA_KEY = "sparseserve-reason"
