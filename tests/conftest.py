@@ -16,6 +16,9 @@ from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The shared test modules (one comparison, one set of inputs): their asserts explain themselves.
+pytest.register_assert_rewrite("helpers", "strategies")
+
 # CI (CI=true) draws the same examples on every run, so a landing is judged on the inputs that
 # were checked before it; a developer's runs keep drawing new ones and find what is left.
 settings.register_profile("ci", derandomize=True, print_blob=True)
