@@ -14,7 +14,10 @@ Two output orders, as PyTorch produces them (the op module picks one):
 - entry-major: for each matching entry in order, the positions of ``index`` holding its
   coordinate, ascending.
 
-A CSR matrix's rows are contiguous: ``csr_rows`` copies the selected rows directly.
+Where the column never decreases (dim 0 of a coalesced tensor), each value's entries are one
+run: ``sorted_column_ptr`` finds where every run starts in one read of the column, and an
+index-major result is the selected runs copied whole (``selected_runs``, ``copy_runs``),
+nothing else read. A CSR matrix's rows are such runs already: ``csr_rows`` copies them.
 
 Inputs are validated by the caller (coordinates in range, index values in ``[0, size)``);
 nothing here raises.
