@@ -19,64 +19,16 @@ from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
 from conftest import op_raises, run_op
-from oracle._oracle import random_values
+from helpers import assert_eq
+from strategies import compressed_tensors, layout_specs, random_values
 
 run, raises = run_op, op_raises
 SETTINGS = settings(max_examples=30, deadline=None)
-COMPRESSED = ("csr", "csc", "bsr", "bsc")
 FLOATS = ("float32", "float64")
 DTYPES = ("bool", "int8", "int32", "int64", "uint8", "float16", "float32", "float64", "complex64")
 
 
 # ------------------------------------------------------------------ inputs
-@st.composite
-def specs(draw, layouts=COMPRESSED, batch=True, dense=True):
-    """(layout, batch shape, rows, cols, blocksize, dense dims, index dtype)."""
-    layout = draw(st.sampled_from(layouts))
-    block = (draw(st.integers(1, 2)), draw(st.integers(1, 3))) if layout in ("bsr", "bsc") else (1, 1)
-    rows, cols = block[0] * draw(st.integers(0, 3)), block[1] * draw(st.integers(0, 3))
-    batch_shape = tuple(draw(st.lists(st.integers(1, 3), max_size=2))) if batch and draw(st.booleans()) else ()
-    dense_dims = tuple(draw(st.lists(st.integers(0, 3), max_size=1))) if dense else ()
-    index_dtype = draw(st.sampled_from(["int32", "int64"]))
-    return layout, batch_shape, rows, cols, block, dense_dims, index_dtype
-
-
-@st.composite
-def compressed(draw, spec=None, dtypes=DTYPES, canonical=None, max_nse=6):
-    """A compressed tensor of ``spec`` (drawn when None). canonical: segments strictly
-    increasing (True), with repeats and disorder (False), either (None)."""
-    layout, batch_shape, rows, cols, block, dense_dims, index_dtype = spec or draw(specs())
-    if canonical is None:
-        canonical = draw(st.booleans())
-    br, bc = block
-    row_major = layout in ("csr", "bsr")
-    n_comp, n_plain = (rows // br, cols // bc) if row_major else (cols // bc, rows // br)
-    cells = n_comp * n_plain
-    n_batch = int(np.prod(batch_shape, dtype=np.int64))
-    nse = 0 if cells == 0 else draw(st.integers(0, min(max_nse, cells)))  # a segment holds <= n_plain
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    ci = np.zeros((n_batch, n_comp + 1), np.int64)
-    pi = np.zeros((n_batch, nse), np.int64)
-    for b in range(n_batch):
-        if canonical:
-            pos = np.sort(rng.choice(cells, size=nse, replace=False)) if nse else np.zeros(0, np.int64)
-            comp, plain = pos // max(n_plain, 1), pos % max(n_plain, 1)
-        else:
-            comp = np.sort(rng.choice(cells, size=nse, replace=False)) // n_plain if nse else np.zeros(0, np.int64)
-            plain = rng.integers(0, n_plain, nse) if nse else np.zeros(0, np.int64)
-            if nse > 1 and comp[1] == comp[0] and draw(st.booleans()):  # a repeat within a segment
-                plain[1] = plain[0]
-        ci[b, 1:] = np.cumsum(np.bincount(comp, minlength=n_comp))
-        pi[b] = plain
-    blocks = (br, bc) if layout in ("bsr", "bsc") else ()
-    dtype = draw(st.sampled_from(dtypes))
-    values = random_values(rng, (*batch_shape, nse, *blocks, *dense_dims), dtype)
-    return SparseTensor(layout=layout, compressed_indices=ci.reshape(*batch_shape, n_comp + 1).astype(index_dtype),
-                        plain_indices=pi.reshape(*batch_shape, nse).astype(index_dtype), values=values,
-                        dense_shape=(*batch_shape, rows, cols, *dense_dims),
-                        blocksize=block if layout in ("bsr", "bsc") else None)
-
-
 def canonical(t: SparseTensor) -> bool:
     """Each segment's plain indices strictly increase (written out here, not ours)."""
     ci = t.compressed_indices.reshape(-1, t.compressed_indices.shape[-1])
@@ -122,38 +74,6 @@ def back(coo: SparseTensor, t: SparseTensor) -> SparseTensor:
                         dense_shape=out.dense_shape, blocksize=out.blocksize)
 
 
-def assert_same(got, want, what="output"):
-    """Layout, shape, index arrays and their dtype, and values exactly (equal_nan)."""
-    if isinstance(want, np.ndarray):
-        assert isinstance(got, np.ndarray), f"{what}: {type(got).__name__}"
-        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
-        np.testing.assert_array_equal(got, want, err_msg=what)
-        return
-    assert isinstance(got, SparseTensor) and got.layout == want.layout, (what, got, want)
-    assert tuple(got.dense_shape) == tuple(want.dense_shape), what
-    if want.layout == "coo":
-        np.testing.assert_array_equal(got.indices, want.indices, err_msg=f"{what}.indices")
-    else:
-        for name in ("compressed_indices", "plain_indices"):
-            g, w = getattr(got, name), getattr(want, name)
-            assert g.dtype == w.dtype and g.shape == w.shape, (what, name, g.dtype, w.dtype, g.shape, w.shape)
-            np.testing.assert_array_equal(g, w, err_msg=f"{what}.{name}")
-        assert (None if got.blocksize is None else tuple(got.blocksize)) == \
-            (None if want.blocksize is None else tuple(want.blocksize))
-    assert got.values.dtype == want.values.dtype and got.values.shape == want.values.shape, \
-        (what, got.values.dtype, want.values.dtype, got.values.shape, want.values.shape)
-    np.testing.assert_array_equal(got.values, want.values, err_msg=f"{what}.values")
-
-
-def assert_structure_kept(got: SparseTensor, t: SparseTensor):
-    assert got.layout == t.layout and tuple(got.dense_shape) == tuple(t.dense_shape)
-    for name in ("compressed_indices", "plain_indices"):
-        g, w = getattr(got, name), getattr(t, name)
-        assert g.dtype == w.dtype
-        np.testing.assert_array_equal(g, w)
-    assert got.blocksize == t.blocksize
-
-
 def expect(fn):
     """fn()'s result, or the InvalidArgumentError it raises (reason compared by the caller)."""
     try:
@@ -170,25 +90,25 @@ def assert_same_or_error(got_fn, want_fn, what="output"):
         assert info.value.reason == want.reason, (info.value, want)
         return None
     got = got_fn()
-    assert_same(got, want, what)
+    assert_eq(got, want, what=what, exact=True)
     return got
 
 
 # ------------------------------------------------------------------ value-only ops
 @SETTINGS
-@given(t=compressed(), data=st.data())
+@given(t=compressed_tensors(dtypes=DTYPES), data=st.data())
 def test_with_values_keeps_structure(t, data):
     dtype = data.draw(st.sampled_from(DTYPES))
     new = random_values(np.random.default_rng(0), t.values.shape, dtype)
     out = run("with_values", sp_input=t, new_values=new)
-    assert_structure_kept(out, t)
-    assert_same(out.values, new)
+    assert_eq(out, t, values=False)
+    assert_eq(out.values, new, exact=True)
     raises(InvalidArgumentError, "VALUES_SHAPE_MISMATCH", "with_values", sp_input=t,
            new_values=np.zeros((*t.values.shape, 1)))
 
 
 @SETTINGS
-@given(t=compressed(), data=st.data())
+@given(t=compressed_tensors(dtypes=DTYPES), data=st.data())
 def test_retain_in_storage_order(t, data):
     nb = t.batch_ndim
     lead = t.values.shape[:nb + 1]
@@ -207,7 +127,7 @@ def test_retain_in_storage_order(t, data):
     want = run("retain", sp_input=storage_coo(t), to_retain=per_element)
     got = storage_coo(out)
     np.testing.assert_array_equal(got.indices, want.indices)
-    assert_same(got.values, want.values)
+    assert_eq(got.values, want.values, exact=True)
     raises(InvalidArgumentError, "SHAPE_MISMATCH", "retain", sp_input=t, to_retain=np.ones(t.nnz + 1, bool))
 
 
@@ -219,26 +139,26 @@ def broadcastable(data, shape):
 
 
 @SETTINGS
-@given(t=compressed(dtypes=DTYPES), data=st.data())
+@given(t=compressed_tensors(dtypes=DTYPES), data=st.data())
 def test_mul_and_div_by_dense(t, data):
     shape = broadcastable(data, t.dense_shape)
     dtype = data.draw(st.sampled_from(("int16", "float32", "float64", "bool")))
     dense = np.asarray(random_values(np.random.default_rng(data.draw(st.integers(0, 99))), shape, dtype))
     view = storage_coo(t)
     out = run("mul", sp_input=t, dense=dense)
-    assert_structure_kept(out, t)
+    assert_eq(out, t, values=False)
     want = run("mul", sp_input=view, dense=dense)
-    assert_same(out.values.reshape(want.values.shape), want.values)
+    assert_eq(out.values.reshape(want.values.shape), want.values, exact=True)
     if canonical(t):  # the COO answer converted back
-        assert_same(out, back(run("mul", sp_input=coo_view(t), dense=dense), t))
+        assert_eq(out, back(run("mul", sp_input=coo_view(t), dense=dense), t), exact=True)
     if np.result_type(t.dtype, dense.dtype) == np.bool_:
         raises(UnimplementedError, "UNSUPPORTED_DTYPE", "div", sp_input=t, dense=dense)
         return
     dense = np.where(dense == 0, np.ones((), dense.dtype), dense)
     out = run("div", sp_input=t, dense=dense)
-    assert_structure_kept(out, t)
+    assert_eq(out, t, values=False)
     want = run("div", sp_input=view, dense=dense)
-    assert_same(out.values.reshape(want.values.shape), want.values)
+    assert_eq(out.values.reshape(want.values.shape), want.values, exact=True)
 
 
 def test_div_by_zero_names_the_element():
@@ -253,10 +173,10 @@ MAP_FNS = ("neg", "abs", "sqrt", "sin", "square", "sign")
 
 
 @SETTINGS
-@given(t=compressed(dtypes=("int32", "float32", "float64", "complex64")), fn=st.sampled_from(MAP_FNS))
+@given(t=compressed_tensors(dtypes=("int32", "float32", "float64", "complex64")), fn=st.sampled_from(MAP_FNS))
 def test_map_values_keeps_structure(t, fn):
     out = run("map_values", sp_input=t, fn=fn)
-    assert_structure_kept(out, t)
+    assert_eq(out, t, values=False)
     want = run("map_values", sp_input=storage_coo(t), fn=fn)
     np.testing.assert_allclose(out.values.reshape(want.values.shape), want.values, rtol=0, atol=0)
     assert out.values.dtype == want.values.dtype
@@ -264,13 +184,13 @@ def test_map_values_keeps_structure(t, fn):
 
 # ------------------------------------------------------------------ through the COO view
 @SETTINGS
-@given(t=compressed(), default=st.integers(0, 1))
+@given(t=compressed_tensors(dtypes=DTYPES), default=st.integers(0, 1))
 def test_to_dense(t, default):
     want = run("to_dense", sp_input=coo_view(t), default_value=default, validate_indices=False)
-    assert_same(run("to_dense", sp_input=t, default_value=default, validate_indices=False), want)
+    assert_eq(run("to_dense", sp_input=t, default_value=default, validate_indices=False), want, exact=True)
     np.testing.assert_array_equal(want if default == 0 else want, t.to_dense() if default == 0 else want)
     if canonical(t):
-        assert_same(run("to_dense", sp_input=t, default_value=default), want)
+        assert_eq(run("to_dense", sp_input=t, default_value=default), want, exact=True)
     else:
         err = op_raises_any(InvalidArgumentError, "to_dense", sp_input=t)
         assert err.reason in ("INDICES_REPEATED", "INDICES_UNSORTED") and "plain_indices" in err.message
@@ -283,12 +203,12 @@ def op_raises_any(cls, name, **kwargs):
 
 
 @SETTINGS
-@given(t=compressed())
+@given(t=compressed_tensors(dtypes=DTYPES))
 def test_reorder_and_coalesce(t):
     out = run("reorder", sp_input=t)
     if canonical(t):
-        assert_same(out, t)  # returned as it is
-        assert_same(run("coalesce", sp_input=t), t)
+        assert_eq(out, t, exact=True)  # returned as it is
+        assert_eq(run("coalesce", sp_input=t), t, exact=True)
         return
     # reorder: each segment sorted, stably, repeats kept
     assert_structure_kept_shape(out, t)
@@ -316,8 +236,8 @@ def assert_structure_kept_shape(got, t):
 
 @st.composite
 def pairs(draw, dtypes=DTYPES):
-    spec = draw(specs())
-    return draw(compressed(spec, dtypes=dtypes)), draw(compressed(spec, dtypes=dtypes))
+    spec = draw(layout_specs())
+    return draw(compressed_tensors(spec, dtypes=dtypes)), draw(compressed_tensors(spec, dtypes=dtypes))
 
 
 @SETTINGS
@@ -339,12 +259,12 @@ def test_add_sparse_sparse(ab, threshold):
 
 
 @SETTINGS
-@given(t=compressed(), data=st.data())
+@given(t=compressed_tensors(dtypes=DTYPES), data=st.data())
 def test_add_sparse_dense(t, data):
     dense = random_values(np.random.default_rng(data.draw(st.integers(0, 99))), t.dense_shape,
                           data.draw(st.sampled_from(DTYPES)))
-    assert_same(run("add", a=t, b=dense), run("add", a=coo_view(t), b=dense))
-    assert_same(run("add", a=dense, b=t), run("add", a=dense, b=coo_view(t)))
+    assert_eq(run("add", a=t, b=dense), run("add", a=coo_view(t), b=dense), exact=True)
+    assert_eq(run("add", a=dense, b=t), run("add", a=dense, b=coo_view(t)), exact=True)
 
 
 def test_add_mixed_layouts_is_unimplemented():
@@ -361,19 +281,19 @@ def test_add_mixed_layouts_is_unimplemented():
 
 
 @SETTINGS
-@given(t=compressed(dtypes=("int8", "int64", "uint8")), vocab=st.integers(6, 8))
+@given(t=compressed_tensors(dtypes=("int8", "int64", "uint8")), vocab=st.integers(6, 8))
 def test_to_indicator(t, vocab):
     t = SparseTensor(layout=t.layout, compressed_indices=t.compressed_indices, plain_indices=t.plain_indices,
                      values=np.abs(t.values.astype(np.int64)).astype(t.dtype), dense_shape=t.dense_shape,
                      blocksize=t.blocksize)
-    assert_same(run("to_indicator", sp_input=t, vocab_size=vocab),
-                run("to_indicator", sp_input=coo_view(t), vocab_size=vocab))
+    assert_eq(run("to_indicator", sp_input=t, vocab_size=vocab),
+              run("to_indicator", sp_input=coo_view(t), vocab_size=vocab), exact=True)
     if t.values.size and t.values.max() > 0:
         raises(InvalidArgumentError, "VALUE_OUT_OF_RANGE", "to_indicator", sp_input=t, vocab_size=int(t.values.max()))
 
 
 @SETTINGS
-@given(t=compressed())
+@given(t=compressed_tensors(dtypes=DTYPES))
 def test_fill_empty_rows(t):
     default = True if t.dtype == np.bool_ else 7
 
@@ -390,19 +310,19 @@ def test_fill_empty_rows(t):
                              default_value=default).reason == expected.reason
         return
     out, empty = ours()
-    assert_same(out, expected[0])
-    assert_same(empty, expected[1])
+    assert_eq(out, expected[0], exact=True)
+    assert_eq(empty, expected[1], exact=True)
 
 
 @SETTINGS
 @given(data=st.data())
 def test_concat(data):
-    spec = data.draw(specs())
-    tensors = [data.draw(compressed(spec, dtypes=("float64",))) for _ in range(data.draw(st.integers(1, 3)))]
+    spec = data.draw(layout_specs())
+    tensors = [data.draw(compressed_tensors(spec, dtypes=("float64",))) for _ in range(data.draw(st.integers(1, 3)))]
     rank = tensors[0].ndim
     axis = data.draw(st.integers(-rank, rank - 1))
     if len(tensors) == 1:  # as tf.sparse.concat: one input comes back as it is
-        assert_same(run("concat", axis=axis, sp_inputs=tensors), tensors[0])
+        assert_eq(run("concat", axis=axis, sp_inputs=tensors), tensors[0], exact=True)
         return
     assert_same_or_error(lambda: run("concat", axis=axis, sp_inputs=tensors),
                          lambda: back(run("concat", axis=axis, sp_inputs=[coo_view(t) for t in tensors]),
@@ -429,7 +349,7 @@ def draw_index(data, shape):
 
 
 @SETTINGS
-@given(t=compressed(canonical=True), data=st.data())
+@given(t=compressed_tensors(dtypes=DTYPES, canonical=True), data=st.data())
 def test_select(t, data):
     index = draw_index(data, t.dense_shape)
     nb = t.batch_ndim
@@ -437,7 +357,7 @@ def test_select(t, data):
     keeps = not isinstance(items[nb], int) and not isinstance(items[nb + 1], int)
     want = run("select", sp_input=coo_view(t), index=index)
     if not keeps or not isinstance(want, SparseTensor):
-        assert_same(run("select", sp_input=t, index=index), want)
+        assert_eq(run("select", sp_input=t, index=index), want, exact=True)
         return
     rows, cols = want.dense_shape[want.indices.shape[1] - 2:want.indices.shape[1]]
     if t.blocksize is not None and (rows % t.blocksize[0] or cols % t.blocksize[1]):
@@ -513,4 +433,4 @@ def test_gpu_kernels_leave_compressed_inputs_to_the_cpu():
         bound = op.bind(args)
         got = be.to_host(be.run(op, bound)[0])
         assert fallbacks == [(name, "layout")], (name, fallbacks)
-        assert_same(got, op.run("cpu", bound)[0], name)
+        assert_eq(got, op.run("cpu", bound)[0], what=name, exact=True)

@@ -15,7 +15,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _oracle import assert_same, assert_same_dense, coo_tensors, from_tf, random_values, run, tf, to_tf
+from _oracle import from_tf, run, tf, to_tf
+from helpers import assert_eq
+from strategies import coo_tensors, random_values
 from sparseserve import SparseTensor
 
 SETTINGS = settings(max_examples=40, deadline=None,
@@ -71,10 +73,10 @@ def test_sparse_sparse_matches_tf(ab, threshold):
         threshold = float(int(threshold))  # TensorFlow takes an integral thresh for integer values
     want = from_tf(tf().sparse.add(to_tf(a), to_tf(b), tf_threshold(threshold, a.dtype)))
     got = run("add", a=a, b=b, threshold=threshold)
-    assert_same(got, want)
+    assert_eq(got, want)
     # The order of the operands matters only for unsorted ones, as in TensorFlow.
     want_ba = from_tf(tf().sparse.add(to_tf(b), to_tf(a), tf_threshold(threshold, a.dtype)))
-    assert_same(run("add", a=b, b=a, threshold=threshold), want_ba)
+    assert_eq(run("add", a=b, b=a, threshold=threshold), want_ba)
 
 
 @SETTINGS
@@ -84,7 +86,7 @@ def test_sparse_dense_matches_tf(t, seed, swap):
     dense = random_values(np.random.default_rng(seed), t.dense_shape, t.dtype)
     want = tf().sparse.add(dense, to_tf(t)) if swap else tf().sparse.add(to_tf(t), dense)
     got = run("add", a=dense, b=t) if swap else run("add", a=t, b=dense)
-    assert_same_dense(got, np.asarray(want))
+    assert_eq(got, np.asarray(want))
 
 
 def test_tf_examples_written_out():
@@ -103,4 +105,4 @@ def test_tf_examples_written_out():
         a = SparseTensor(indices=ai, values=np.array(av), dense_shape=shape)
         b = SparseTensor(indices=bi, values=np.array(bv), dense_shape=shape)
         want = from_tf(tf().sparse.add(to_tf(a), to_tf(b), threshold))
-        assert_same(run("add", a=a, b=b, threshold=threshold), want)
+        assert_eq(run("add", a=a, b=b, threshold=threshold), want)

@@ -12,8 +12,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _oracle import (assert_same, assert_same_dense, coo_tensors, from_torch, in_layout, random_values,
-                     run, to_torch, torch)
+from _oracle import from_torch, in_layout, run, to_torch, torch
+from helpers import assert_eq
+from strategies import coo_tensors, random_values
 
 NUMBERS = ("int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64", "complex64",
            "complex128")
@@ -63,7 +64,7 @@ def test_mm_reduce_matches_torch(case, reduce):
     mat1, _, x = case
     want = torch().sparse.mm(torch_csr_of(mat1), to_torch(x), reduce=reduce).numpy()
     got = run("mm", mat1=mat1, mat2=x, reduce=reduce)
-    assert_same_dense(got, want, **tol(x.dtype))
+    assert_eq(got, want, **tol(x.dtype))
 
 
 @SETTINGS
@@ -71,7 +72,7 @@ def test_mm_reduce_matches_torch(case, reduce):
 def test_mm_explicit_sum_matches_torch_reduce_sum(case):
     mat1, _, x = case
     want = torch().sparse.mm(to_torch(mat1), to_torch(x), reduce="sum").numpy()
-    assert_same_dense(run("mm", mat1=mat1, mat2=x, reduce="sum"), want, **tol(x.dtype))
+    assert_eq(run("mm", mat1=mat1, mat2=x, reduce="sum"), want, **tol(x.dtype))
 
 
 @SETTINGS
@@ -79,7 +80,7 @@ def test_mm_explicit_sum_matches_torch_reduce_sum(case):
 def test_mm_sum_matches_torch_in_every_dtype(case):
     mat1, _, x = case
     want = torch().sparse.mm(torch_coo_of(mat1), to_torch(x)).numpy()
-    assert_same_dense(run("mm", mat1=mat1, mat2=x), want, **tol(x.dtype))
+    assert_eq(run("mm", mat1=mat1, mat2=x), want, **tol(x.dtype))
 
 
 @st.composite
@@ -102,7 +103,7 @@ def test_addmm_matches_torch(case):
     input, mat1, x, beta, alpha = case
     got = run("addmm", input=input, mat1=mat1, mat2=x, beta=beta, alpha=alpha)
     want = torch().sparse.addmm(to_torch(input), torch_coo_of(mat1), to_torch(x), beta=beta, alpha=alpha).numpy()
-    assert_same_dense(got, want, **tol(x.dtype))
+    assert_eq(got, want, **tol(x.dtype))
 
 
 @SETTINGS
@@ -111,7 +112,7 @@ def test_hspmm_matches_torch(case):
     mat1, _, x = case
     want = torch().hspmm(to_torch(mat1), to_torch(x))
     got = run("hspmm", mat1=mat1, mat2=x)
-    assert_same(got, from_torch(want), **tol(x.dtype))
+    assert_eq(got, from_torch(want), **tol(x.dtype))
     assert got.coalesced == want.is_coalesced()
     assert got.indices.dtype == np.int64
 
@@ -122,5 +123,5 @@ def test_hspmm_of_compressed_layouts_is_hspmm_of_their_coo(case):
     mat1, _, x = case
     want = torch().hspmm(torch_coo_of(mat1), to_torch(x))
     got = run("hspmm", mat1=mat1, mat2=x)
-    assert_same(got, from_torch(want), **tol(x.dtype))
+    assert_eq(got, from_torch(want), **tol(x.dtype))
     assert got.coalesced == want.is_coalesced()

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _oracle import (TF_DTYPES, TORCH_DTYPES, assert_same, coo_tensors, from_tf, from_torch, in_layout, run,
-                     tf, to_tf, to_torch, torch)
+from _oracle import TF_DTYPES, TORCH_DTYPES, from_tf, from_torch, in_layout, run, tf, to_tf, to_torch, torch
+from helpers import assert_eq
+from strategies import coo_tensors
 from sparseserve import SparseTensor
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CS[RC] tensor support is in beta state")
@@ -32,8 +33,8 @@ def test_split_matches_tensorflow(case):
     got = run("split", sp_input=t, num_split=num_split, axis=axis)
     want = [from_tf(p) for p in tf().sparse.split(sp_input=to_tf(t), num_split=num_split, axis=axis)]
     assert len(got) == len(want) == num_split
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_same(g, w, what=f"piece {i}")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_eq(g, w, what=f"piece {i}")
 
 
 @SETTINGS
@@ -49,15 +50,15 @@ def test_split_of_compressed_matches_tensorflow_on_its_coo_form(case, layout):
     got = run("split", sp_input=compressed, num_split=num_split, axis=axis)
     row_major = tf().sparse.reorder(to_tf(compressed.to_coo()))
     want = [from_tf(p) for p in tf().sparse.split(sp_input=row_major, num_split=num_split, axis=axis)]
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_same(g, w, what=f"piece {i}")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_eq(g, w, what=f"piece {i}")
 
 
 @SETTINGS
 @given(coo_tensors(TF_DTYPES, hybrid=False, max_rank=4), st.data())
 def test_expand_dims_matches_tensorflow(t, data):
     axis = data.draw(st.integers(-(t.ndim + 1), t.ndim))
-    assert_same(run("expand_dims", sp_input=t, axis=axis), from_tf(tf().sparse.expand_dims(to_tf(t), axis)))
+    assert_eq(run("expand_dims", sp_input=t, axis=axis), from_tf(tf().sparse.expand_dims(to_tf(t), axis)))
 
 
 @SETTINGS
@@ -65,7 +66,7 @@ def test_expand_dims_matches_tensorflow(t, data):
 def test_expand_dims_of_hybrid_matches_torch_unsqueeze(t, data):
     axis = data.draw(st.integers(-(t.ndim + 1), t.ndim))
     want = from_torch(to_torch(t).unsqueeze(axis))
-    assert_same(run("expand_dims", sp_input=t, axis=axis), want)
+    assert_eq(run("expand_dims", sp_input=t, axis=axis), want)
 
 
 @SETTINGS
@@ -73,7 +74,7 @@ def test_expand_dims_of_hybrid_matches_torch_unsqueeze(t, data):
 def test_eye_matches_tensorflow(num_rows, num_columns, dtype):
     got = run("eye", num_rows=num_rows, num_columns=num_columns, dtype=dtype)
     want = from_tf(tf().sparse.eye(num_rows, num_columns, dtype=tf().as_dtype(dtype)))
-    assert_same(got, want)
+    assert_eq(got, want)
 
 
 @SETTINGS
@@ -85,7 +86,7 @@ def test_reset_shape_matches_tensorflow(t, data):
         new_shape = [int(d) + data.draw(st.integers(0, 3)) for d in t.dense_shape]
     got = run("reset_shape", sp_input=t, new_shape=new_shape)
     want = from_tf(tf().sparse.reset_shape(to_tf(t), None if new_shape is None else np.array(new_shape, np.int64)))
-    assert_same(got, want)
+    assert_eq(got, want)
 
 
 @st.composite
@@ -123,9 +124,9 @@ def test_spdiags_matches_torch(case, layout):
     if inside.all():
         want = T.sparse.spdiags(T.from_numpy(diagonals), T.from_numpy(offsets), tuple(shape),
                                 layout=layouts[layout])
-        assert_same(got, from_torch(want))
+        assert_eq(got, from_torch(want))
     elif layout in (None, "coo"):
-        assert_same(got, SparseTensor(indices=indices[inside], values=values[inside], dense_shape=shape))
+        assert_eq(got, SparseTensor(indices=indices[inside], values=values[inside], dense_shape=shape))
     if diagonals.dtype not in (np.bool_, np.float16) and diagonals.size:
         dense = scipy.sparse.spdiags(diagonals, offsets, *shape).toarray()
         np.testing.assert_array_equal(run("to_dense", sp_input=got, validate_indices=False), dense)
@@ -135,4 +136,4 @@ def test_spdiags_vector_and_scalar_offset_match_torch():
     T = torch()
     got = run("spdiags", diagonals=np.arange(1.0, 4), offsets=np.array(1), shape=[3, 3])
     want = T.sparse.spdiags(T.from_numpy(np.arange(1.0, 4)), T.tensor(1), (3, 3))
-    assert_same(got, from_torch(want))
+    assert_eq(got, from_torch(want))

@@ -5,7 +5,8 @@ and dense dimensions), so they are canonical, and compared exactly: layout, comp
 indices (dtype too), blocksize, values (allclose for floats). What torch does on these layouts:
 ``to_dense`` on all four (batch and dense dims too), ``*`` by a dense tensor of the same shape on
 CSR (a CSR result; torch refuses CSC, BSR, BSC and batched CSR), ``+`` of two CSR matrices
-(torch's CSC, BSR, BSC, batched, hybrid and empty sums fail or are wrong) and ``csr/csc + dense`` (dense), the zero-preserving
+(torch's CSC, BSR, BSC, batched, hybrid and empty sums fail or are wrong) and ``csr/csc + dense``
+(dense), the zero-preserving
 unary functions on all four (same layout), indexing (``csr[i]`` a COO vector, ``hybrid.select`` of
 a dense dim CSR, ``batched[b]`` CSR/BSR, ``select_copy`` of a BSR a COO vector of every element of
 the stored blocks), and rebuilding with new values (with_values). The other ops (retain, concat,
@@ -20,8 +21,9 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from _oracle import assert_same, assert_same_dense, from_torch, random_values, run, torch
-from sparseserve import SparseTensor
+from _oracle import from_torch, run, torch
+from helpers import assert_eq
+from strategies import random_values
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -60,19 +62,11 @@ def torch_sparse(draw, layouts=LAYOUTS, dtypes=NUMBERS, batch=True, dense=True, 
     return t, from_torch(t), (shape, n_batch, n_dense, b)
 
 
-def ours_like_torch(got: SparseTensor, want_torch, what="output"):
-    want = from_torch(want_torch)
-    assert_same(got, want, what=what)
-    if got.layout != "coo":
-        assert got.compressed_indices.dtype == want.compressed_indices.dtype, what
-        assert got.plain_indices.dtype == want.plain_indices.dtype, what
-
-
 @SETTINGS
 @given(x=torch_sparse(dtypes=NUMBERS + ("bool", "int8", "float16")))
 def test_to_dense(x):
     t, ours, _ = x
-    assert_same_dense(run("to_dense", sp_input=ours), t.to_dense().numpy())
+    assert_eq(run("to_dense", sp_input=ours), t.to_dense().numpy())
 
 
 @SETTINGS
@@ -81,7 +75,7 @@ def test_csr_times_dense(x, seed):
     t, ours, (shape, *_rest) = x
     dense = random_values(np.random.default_rng(seed), shape, ours.dtype)
     want = t * torch().from_numpy(dense)
-    ours_like_torch(run("mul", sp_input=ours, dense=dense), want)
+    assert_eq(run("mul", sp_input=ours, dense=dense), want)
 
 
 @st.composite
@@ -119,7 +113,7 @@ def test_same_layout_sum(pair):
     # values only, its hybrid one drops the dense dimension, and an empty matrix raises: a plain
     # non-empty CSR matrix is what torch answers.
     (t1, o1), (t2, o2) = pair
-    ours_like_torch(run("add", a=o1, b=o2), t1 + t2)
+    assert_eq(run("add", a=o1, b=o2), t1 + t2)
 
 
 @SETTINGS
@@ -129,7 +123,7 @@ def test_compressed_plus_dense(x, seed, swap):
     dense = random_values(np.random.default_rng(seed), shape, ours.dtype)
     want = (t + torch().from_numpy(dense)).numpy()
     got = run("add", a=dense, b=ours) if swap else run("add", a=ours, b=dense)
-    assert_same_dense(got, want)
+    assert_eq(got, want)
 
 
 @SETTINGS
@@ -139,7 +133,7 @@ def test_zero_preserving_functions(x, fn):
     t, ours, _ = x
     want = getattr(torch(), fn)(t)
     got = run("map_values", sp_input=ours, fn=fn)
-    assert_same(got, from_torch(want), rtol=1e-5, atol=1e-6)
+    assert_eq(got, from_torch(want), rtol=1e-5, atol=1e-6)
 
 
 @SETTINGS
@@ -149,7 +143,7 @@ def test_with_values_as_torch_rebuilds(x, seed):
     new = random_values(np.random.default_rng(seed), ours.values.shape, "float64")
     ci, pi, _ = _parts(t)
     want = torch().sparse_compressed_tensor(ci, pi, torch().from_numpy(new), size=t.shape, layout=t.layout)
-    ours_like_torch(run("with_values", sp_input=ours, new_values=new), want)
+    assert_eq(run("with_values", sp_input=ours, new_values=new), want)
 
 
 @SETTINGS
@@ -162,7 +156,7 @@ def test_index_a_sparse_dim(x, data):
     want = torch().select_copy(t, dim, i)  # torch: a sparse COO tensor (t[i] for CSR rows)
     got = run("select", sp_input=ours, index=[i] if dim == 0 else [[None, None, None], i])
     assert got.layout == "coo"
-    assert_same(got, from_torch(want.coalesce()))
+    assert_eq(got, from_torch(want.coalesce()))
 
 
 @SETTINGS
@@ -172,7 +166,7 @@ def test_select_a_dense_dim_keeps_csr(x, data):
     assume(n_dense)
     k = data.draw(st.integers(0, shape[2] - 1))
     want = t.select(2, k)
-    ours_like_torch(run("select", sp_input=ours, index=[[None, None, None], [None, None, None], k]), want)
+    assert_eq(run("select", sp_input=ours, index=[[None, None, None], [None, None, None], k]), want)
 
 
 @SETTINGS
@@ -181,7 +175,7 @@ def test_index_a_batch_keeps_layout(x, data):
     t, ours, (shape, n_batch, _, _) = x
     assume(n_batch)
     b = data.draw(st.integers(0, shape[0] - 1))
-    ours_like_torch(run("select", sp_input=ours, index=[b]), t[b])
+    assert_eq(run("select", sp_input=ours, index=[b]), t[b])
 
 
 @SETTINGS
@@ -195,4 +189,4 @@ def test_select_copy_of_bsr(x, data):
     index = [i] if dim == 0 else [[None, None, None], i]
     got = run("select", sp_input=ours, index=index)
     w = want.coalesce()
-    assert_same(got, from_torch(w))
+    assert_eq(got, from_torch(w))

@@ -13,7 +13,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _oracle import assert_same, assert_same_dense, coo_tensors, from_tf, raises, run, tf, to_tf
+from _oracle import from_tf, raises, run, tf, to_tf
+from helpers import assert_eq
+from strategies import coo_tensors
 
 from sparseserve import SparseTensor
 
@@ -63,7 +65,7 @@ def _check_segment(op, call):
     want = _tf_segment(op, data, indices, ids, num_segments)
     got = run(op, data=data, indices=indices, segment_ids=ids, num_segments=num_segments)
     tol = _tolerance(data.dtype)
-    assert_same_dense(got, want, rtol=tol, atol=tol)
+    assert_eq(got, want, rtol=tol, atol=tol)
 
 
 @SETTINGS
@@ -158,7 +160,7 @@ def test_bincount_dense_matches_tf(seed, dtype, shape, options, big):
     if options["weights"] not in (None, "binary"):
         weights = _values(rng, shape, options["weights"])
     want = _tf_bincount(values, weights, options)
-    assert_same(_ours_bincount(values, weights, options), want)
+    assert_eq(_ours_bincount(values, weights, options), want)
 
 
 @SETTINGS
@@ -171,7 +173,7 @@ def test_bincount_sparse_matches_tf(t, options, seed):
         w = _values(np.random.default_rng(seed), (t.nnz,), options["weights"])
         weights = SparseTensor(indices=t.indices, values=w, dense_shape=t.dense_shape)
     want = _tf_bincount(to_tf(t), None if weights is None else to_tf(weights), options)
-    assert_same(_ours_bincount(t, weights, options), want)
+    assert_eq(_ours_bincount(t, weights, options), want)
 
 
 @settings(max_examples=20, deadline=None)

@@ -34,8 +34,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _oracle import (TF_DTYPES, assert_same, assert_same_dense, coo_tensors, from_tf, random_values, run,
-                     tf, to_tf, torch)
+from _oracle import TF_DTYPES, from_tf, run, tf, to_tf, torch
+from helpers import assert_eq
+from strategies import coo_tensors, random_values
 from sparseserve import SparseTensor
 from sparseserve.errors import InvalidArgumentError
 
@@ -78,15 +79,11 @@ def check(name: str, kwargs: dict, theirs, compare) -> None:
     compare(run(name, **kwargs), want)
 
 
-def same_sparse(got, want, **kw):
-    assert_same(got, from_tf(want), **kw)
-
-
 def same_sparse_up_to_ties(got, want, **kw):
-    """As same_sparse, but the values at one repeated index may come in any order: TensorFlow's
+    """As assert_eq, but the values at one repeated index may come in any order: TensorFlow's
     Reorder is std::sort, stable only up to 16 entries (its insertion-sort cut-off)."""
     want = from_tf(want)
-    assert_same(SparseTensor(indices=got.indices, values=_tie_sorted(got), dense_shape=got.dense_shape),
+    assert_eq(SparseTensor(indices=got.indices, values=_tie_sorted(got), dense_shape=got.dense_shape),
                 SparseTensor(indices=want.indices, values=_tie_sorted(want), dense_shape=want.dense_shape), **kw)
 
 
@@ -102,10 +99,6 @@ def _tie_sorted(t: SparseTensor) -> np.ndarray:
         values[i:j] = sorted(values[i:j], key=lambda v: np.asarray(v).tobytes())
         i = j
     return values
-
-
-def same_dense(got, want, **kw):
-    assert_same_dense(got, np.asarray(want), **kw)
 
 
 @st.composite
@@ -134,7 +127,7 @@ def sorted_unique(**kw):
 @given(coo_tensors(hybrid=False))
 def test_reorder(t):
     want = tf().sparse.reorder(to_tf(t))
-    same_sparse(run("reorder", sp_input=t), want)
+    assert_eq(run("reorder", sp_input=t), want)
 
 
 # ===================================================================== to_dense
@@ -146,7 +139,7 @@ def test_to_dense_validated(data, t):
     check("to_dense", dict(sp_input=t, default_value=default, validate_indices=True),
           lambda: tf().sparse.to_dense(to_tf(t), default_value=tf_scalar(default, t.dtype),
                                        validate_indices=True),
-          same_dense)
+          assert_eq)
 
 
 @SETTINGS
@@ -154,7 +147,7 @@ def test_to_dense_validated(data, t):
 def test_to_dense_unvalidated_unsorted(data, t):
     default = data.draw(scalars(t.dtype))
     want = tf().sparse.to_dense(to_tf(t), default_value=tf_scalar(default, t.dtype), validate_indices=False)
-    same_dense(run("to_dense", sp_input=t, default_value=default, validate_indices=False), want)
+    assert_eq(run("to_dense", sp_input=t, default_value=default, validate_indices=False), want)
 
 
 TORCH_SUMS = ("int8", "int16", "int32", "int64", "uint8", "float32", "float64", "complex64", "complex128")
@@ -166,7 +159,7 @@ def test_to_dense_unvalidated_repeats_are_summed_as_torch(t):
     """SPEC: without validate_indices repeated indices are summed (torch's to_dense); TensorFlow's
     kernel keeps the last value written instead, so here torch is the oracle."""
     want = to_torch_coo(t).to_dense().numpy()
-    same_dense(run("to_dense", sp_input=t, validate_indices=False), want)
+    assert_eq(run("to_dense", sp_input=t, validate_indices=False), want)
 
 
 def to_torch_coo(t: SparseTensor):
@@ -214,7 +207,7 @@ def test_sparse_to_dense(args):
           lambda: tf().raw_ops.SparseToDense(sparse_indices=idx, output_shape=np.asarray(shape, idx.dtype),
                                              sparse_values=values, default_value=default,
                                              validate_indices=validate),
-          same_dense)
+          assert_eq)
 
 
 def test_sparse_to_dense_repeats_are_summed():
@@ -240,7 +233,7 @@ def _repeats_summed(args):
     want = np.where(hit, summed, np.asarray(default, vals.dtype)).reshape(shape)
     got = run("sparse_to_dense", sparse_indices=idx, output_shape=shape, sparse_values=values,
               default_value=default, validate_indices=False)
-    same_dense(got, want.astype(vals.dtype))
+    assert_eq(got, want.astype(vals.dtype))
 
 
 # =================================================================== from_dense
@@ -263,7 +256,7 @@ def dense_arrays(draw, dtypes=TF_DTYPES):
 def test_from_dense(a):
     """Every non-zero element kept (nan and inf too; -0.0 is zero), row-major."""
     want = tf().sparse.from_dense(tf().constant(a))
-    same_sparse(run("from_dense", tensor=a), want)
+    assert_eq(run("from_dense", tensor=a), want)
 
 
 # ================================================================= to_indicator
@@ -286,7 +279,7 @@ def id_tensors(draw):
 def test_to_indicator(arg):
     t, vocab = arg
     check("to_indicator", dict(sp_input=t, vocab_size=vocab),
-          lambda: tf().sparse.to_indicator(to_tf(t), vocab), same_dense)
+          lambda: tf().sparse.to_indicator(to_tf(t), vocab), assert_eq)
 
 
 # ======================================================================= concat
@@ -325,7 +318,7 @@ def test_concat(args):
 def test_retain(data, t):
     keep = np.array(data.draw(st.lists(st.booleans(), min_size=t.nnz, max_size=t.nnz)), bool)
     want = tf().sparse.retain(to_tf(t), keep)
-    same_sparse(run("retain", sp_input=t, to_retain=keep), want)
+    assert_eq(run("retain", sp_input=t, to_retain=keep), want)
 
 
 def test_retain_and_with_values_refuse_what_tensorflow_refuses():
@@ -353,8 +346,8 @@ def test_fill_empty_rows(data, t):
     default = data.draw(scalars(t.dtype))
     out, empty = tf().sparse.fill_empty_rows(to_tf(t), tf_scalar(default, t.dtype))
     got, got_empty = run("fill_empty_rows", sp_input=t, default_value=default)
-    same_sparse(got, out, what="output")
-    same_dense(got_empty, empty, what="empty_row_indicator")
+    assert_eq(got, out, what="output")
+    assert_eq(got_empty, empty, what="empty_row_indicator")
 
 
 # ================================================================== with_values
@@ -364,7 +357,7 @@ def test_with_values(data, t):
     dtype = data.draw(st.sampled_from(TF_DTYPES))
     new = random_values(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), (t.nnz,), dtype)
     want = to_tf(t).with_values(tf().constant(new))
-    same_sparse(run("with_values", sp_input=t, new_values=new), want)
+    assert_eq(run("with_values", sp_input=t, new_values=new), want)
 
 
 # ===================================================================== mul, div
@@ -401,7 +394,7 @@ def _cwise_tf(op, t, dense):
 def test_mul(args):
     t, dense = args
     check("mul", dict(sp_input=t, dense=dense), lambda: _cwise_tf("SparseDenseCwiseMul", t, dense),
-          lambda got, want: assert_same(got, want, **tol(t.dtype)))
+          lambda got, want: assert_eq(got, want, **tol(t.dtype)))
 
 
 @SETTINGS
@@ -411,18 +404,18 @@ def test_div(args):
     refused, as TensorFlow's SparseDenseCwiseDiv refuses it."""
     t, dense = args
     check("div", dict(sp_input=t, dense=dense), lambda: _cwise_tf("SparseDenseCwiseDiv", t, dense),
-          lambda got, want: assert_same(got, want, **tol(t.dtype)))
+          lambda got, want: assert_eq(got, want, **tol(t.dtype)))
 
 
 def test_div_zero_divisor_refused_like_tensorflow():
     t = SparseTensor(indices=[[0, 0], [1, 2]], values=np.array([1.0, -2.0], np.float32), dense_shape=[2, 3])
     for dense in (np.array([[-0.0, 1, 1], [1, 1, 1]], np.float32), np.float32(0.0), np.array([0.0, 1, 3], np.float32)):
-        _, err = tf_call(lambda: _cwise_tf("SparseDenseCwiseDiv", t, np.asarray(dense)))
+        _, err = tf_call(lambda dense=dense: _cwise_tf("SparseDenseCwiseDiv", t, np.asarray(dense)))
         assert err is not None
         assert ours_refuse("div", sp_input=t, dense=np.asarray(dense)).reason == "DIVISION_BY_ZERO"
     # a zero divisor where sp_input stores nothing is fine
     dense = np.array([[2.0, 0, 0], [0, 0, 4]], np.float32)
-    assert_same(run("div", sp_input=t, dense=dense), _cwise_tf("SparseDenseCwiseDiv", t, dense))
+    assert_eq(run("div", sp_input=t, dense=dense), _cwise_tf("SparseDenseCwiseDiv", t, dense))
 
 
 # =================================================================== map_values
@@ -468,7 +461,7 @@ def test_map_values(fn, t):
         want = tf().sparse.map_values(MAP_TF[fn], to_tf(t))
     except (tf().errors.NotFoundError, tf().errors.InvalidArgumentError, TypeError, ValueError):
         return  # a dtype TensorFlow's function lacks: ours may take it
-    same_sparse(run("map_values", sp_input=t, fn=fn), want, **tol(t.dtype))
+    assert_eq(run("map_values", sp_input=t, fn=fn), want, **tol(t.dtype))
 
 
 # ============================================================ reduce_sum / _max
@@ -501,8 +494,8 @@ def _reduce(op, t, axis, keepdims, sparse_out):
         assert fn(to_tf(t), axis=axis, output_is_sparse=True).dense_shape.shape[0] == 0
         ours_refuse(op, **kwargs)
         return
-    compare = (lambda got, want: same_sparse(got, want, **tol(t.dtype))) if sparse_out else \
-        (lambda got, want: same_dense(got, want, **tol(t.dtype)))
+    compare = (lambda got, want: assert_eq(got, want, **tol(t.dtype))) if sparse_out else \
+        (lambda got, want: assert_eq(got, want, **tol(t.dtype)))
     check(op, kwargs, lambda: fn(to_tf(t), axis=axis, keepdims=keepdims, output_is_sparse=sparse_out), compare)
 
 
@@ -525,8 +518,8 @@ def test_softmax(t):
     """tf.sparse.softmax (the innermost dimension) of a tensor in canonical order, which is what
     TensorFlow's op requires; torch.sparse.softmax agrees on it."""
     want = tf().sparse.softmax(to_tf(t))
-    same_sparse(run("softmax", sp_input=t), want, **tol(t.dtype))
-    same_sparse(run("softmax", sp_input=t, axis=t.ndim - 1), want, **tol(t.dtype))
+    assert_eq(run("softmax", sp_input=t), want, **tol(t.dtype))
+    assert_eq(run("softmax", sp_input=t, axis=t.ndim - 1), want, **tol(t.dtype))
 
 
 # ============================================================ maximum, minimum
@@ -545,7 +538,7 @@ def operand_pairs(draw):
 @given(operand_pairs(), st.sampled_from(["maximum", "minimum"]))
 def test_maximum_minimum(pair, op):
     a, b = pair
-    check(op, dict(sp_a=a, sp_b=b), lambda: getattr(tf().sparse, op)(to_tf(a), to_tf(b)), same_sparse)
+    check(op, dict(sp_a=a, sp_b=b), lambda: getattr(tf().sparse, op)(to_tf(a), to_tf(b)), assert_eq)
 
 
 # ==================================================================== transpose
@@ -554,7 +547,7 @@ def test_maximum_minimum(pair, op):
 def test_transpose(data, t):
     perm = data.draw(st.none() | st.permutations(list(range(t.ndim))))
     want = tf().sparse.transpose(to_tf(t), perm)
-    same_sparse(run("transpose", sp_input=t, perm=perm), want)
+    assert_eq(run("transpose", sp_input=t, perm=perm), want)
 
 
 # ====================================================================== reshape
@@ -583,7 +576,7 @@ def reshape_args(draw):
 @given(reshape_args())
 def test_reshape(args):
     t, shape = args
-    check("reshape", dict(sp_input=t, shape=shape), lambda: tf().sparse.reshape(to_tf(t), shape), same_sparse)
+    check("reshape", dict(sp_input=t, shape=shape), lambda: tf().sparse.reshape(to_tf(t), shape), assert_eq)
 
 
 # ======================================================================== slice
@@ -598,7 +591,7 @@ def test_slice(data, t):
         # the dimension: past it TensorFlow returns an empty slice; we refuse it everywhere).
         size[data.draw(st.sampled_from(within))] = -1
     check("slice", dict(sp_input=t, start=start, size=size),
-          lambda: tf().sparse.slice(to_tf(t), start, size), same_sparse)
+          lambda: tf().sparse.slice(to_tf(t), start, size), assert_eq)
 
 
 # ======================================================================= matmul
@@ -621,7 +614,7 @@ def test_matmul_sparse_dense(args):
     check("matmul", dict(a=a, b=b, adjoint_a=adjoint_a, adjoint_b=adjoint_b),
           lambda: tf().sparse.sparse_dense_matmul(to_tf(a), tf().constant(b), adjoint_a=adjoint_a,
                                                   adjoint_b=adjoint_b),
-          lambda got, want: same_dense(got, want, **tol(a.dtype)))
+          lambda got, want: assert_eq(got, want, **tol(a.dtype)))
 
 
 # ================================================================== the wires
@@ -631,23 +624,23 @@ WIRE_T = SparseTensor(indices=[[3, 1], [0, 2], [3, 0], [0, 2], [1, 1]],
 
 def test_wires_match_tensorflow(client):
     t = WIRE_T
-    same_sparse(client.reorder(t), tf().sparse.reorder(to_tf(t)))
+    assert_eq(client.reorder(t), tf().sparse.reorder(to_tf(t)))
     out, empty = client.fill_empty_rows(t, -7.0)
     want, want_empty = tf().sparse.fill_empty_rows(to_tf(t), np.float32(-7.0))
-    same_sparse(out, want)
-    same_dense(empty, want_empty)
+    assert_eq(out, want)
+    assert_eq(empty, want_empty)
     s = tf().sparse.reorder(to_tf(t))
-    same_dense(client.reduce_sum(t, axis=-1), tf().sparse.reduce_sum(s, axis=-1))
-    same_sparse(client.reduce_max(t, axis=[0], keepdims=True, output_is_sparse=True),
+    assert_eq(client.reduce_sum(t, axis=-1), tf().sparse.reduce_sum(s, axis=-1))
+    assert_eq(client.reduce_max(t, axis=[0], keepdims=True, output_is_sparse=True),
                 tf().sparse.reduce_max(s, axis=[0], keepdims=True, output_is_sparse=True))
-    same_sparse(client.transpose(t, perm=[1, 0]), tf().sparse.transpose(to_tf(t), [1, 0]))
-    same_sparse(client.slice(t, start=[0, 1], size=[4, 5]), tf().sparse.slice(to_tf(t), [0, 1], [4, 5]))
+    assert_eq(client.transpose(t, perm=[1, 0]), tf().sparse.transpose(to_tf(t), [1, 0]))
+    assert_eq(client.slice(t, start=[0, 1], size=[4, 5]), tf().sparse.slice(to_tf(t), [0, 1], [4, 5]))
     dense = np.arange(6, dtype=np.float32).reshape(3, 2)
-    same_dense(client.matmul(t, dense), tf().sparse.sparse_dense_matmul(to_tf(t), dense))
+    assert_eq(client.matmul(t, dense), tf().sparse.sparse_dense_matmul(to_tf(t), dense))
     with pytest.raises(InvalidArgumentError):  # TensorFlow refuses the unsorted input too
         client.to_dense(t)
     with pytest.raises(tf().errors.InvalidArgumentError):
         tf().sparse.to_dense(to_tf(t))
     coalesced = client.coalesce(t)
-    same_dense(client.to_dense(coalesced, default_value=9.0),
+    assert_eq(client.to_dense(coalesced, default_value=9.0),
                tf().sparse.to_dense(to_tf(coalesced), default_value=9.0))

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _oracle import (TORCH_DTYPES, assert_same, assert_same_dense, coo_tensors, from_torch, in_layout,
-                     random_values, run, tf, to_tf, to_torch, torch)
+from _oracle import TORCH_DTYPES, from_torch, in_layout, run, tf, to_tf, to_torch, torch
+from helpers import assert_eq
+from strategies import coo_tensors, random_values
 from sparseserve import SparseTensor
 from sparseserve.errors import InvalidArgumentError, UnimplementedError
 
@@ -112,7 +113,7 @@ def map_case(fn: str, t: SparseTensor, exponent=None):
     assert got.layout == t.layout and tuple(got.dense_shape) == tuple(t.dense_shape)
     np.testing.assert_array_equal(got.indices, t.indices)
     tol = 1e-2 if t.dtype == np.float16 or want.dtype == np.float16 else 1e-5
-    assert_same_dense(got.values, want, rtol=tol, atol=tol, what=f"map_values({fn}) of {t.dtype}")
+    assert_eq(got.values, want, rtol=tol, atol=tol, what=f"map_values({fn}) of {t.dtype}")
 
 
 @pytest.mark.parametrize("fn", sorted(TORCH_FN))
@@ -157,7 +158,7 @@ def test_map_values_in_declared_layouts():
             except (RuntimeError, NotImplementedError):
                 want = None
             if want is not None and want.layout == t.layout:
-                assert_same(got, want, what=f"{fn} {layout}")
+                assert_eq(got, want, what=f"{fn} {layout}")
             else:
                 np.testing.assert_allclose(got.values, torch_values(fn, np.asarray(t.values)), equal_nan=True)
         got = run("map_values", sp_input=t, fn="pow", exponent=2.0)
@@ -186,7 +187,7 @@ def test_map_values_pow_exponent_rules():
         for e in exponents:
             got = run("map_values", sp_input=x, fn="pow", exponent=float(e))
             want = torch().pow(to_torch(x), e).coalesce().values().numpy()
-            assert_same_dense(got.values, want, what=f"pow {e}")
+            assert_eq(got.values, want, what=f"pow {e}")
     got = run("map_values", sp_input=t, fn="pow", exponent=2.5)
     assert got.values.dtype == np.float32  # as torch's int ** float on a dense tensor
     np.testing.assert_allclose(got.values, (torch().from_numpy(t.values) ** 2.5).numpy(), equal_nan=True)
@@ -264,7 +265,7 @@ def test_convert_matches_torch(case, data):
             want = from_torch(torch_convert(dense_t, target, blocksize, target_dense))
             if target != "coo":
                 want = _index_dtype_like(want, got)
-            assert_same(got, want, what=f"{src}->{target} dense_dim={dense_dim} (through dense)")
+            assert_eq(got, want, what=f"{src}->{target} dense_dim={dense_dim} (through dense)")
             compared += 1
         if dense_dim is not None and dense_dim != t_in.dense_ndim:
             continue  # torch changes dense_dim only from a strided tensor
@@ -275,7 +276,7 @@ def test_convert_matches_torch(case, data):
             continue
         if target == "coo":
             want = from_torch(to_torch(want).coalesce())
-        assert_same(got, want, what=f"{src}->{target} (torch from {src})")
+        assert_eq(got, want, what=f"{src}->{target} (torch from {src})")
         compared += 1
     assert compared >= (0 if src in ("bsr", "bsc") else 1)
 
@@ -285,7 +286,8 @@ def _index_dtype_like(want: SparseTensor, got: SparseTensor) -> SparseTensor:
     assert np.dtype(want.compressed_indices.dtype) == np.int64
     if got.compressed_indices.dtype == want.compressed_indices.dtype:
         return want
-    return SparseTensor(layout=want.layout, compressed_indices=want.compressed_indices.astype(got.compressed_indices.dtype),
+    return SparseTensor(layout=want.layout,
+                        compressed_indices=want.compressed_indices.astype(got.compressed_indices.dtype),
                         plain_indices=want.plain_indices.astype(got.plain_indices.dtype), values=want.values,
                         dense_shape=want.dense_shape, blocksize=want.blocksize)
 
@@ -305,7 +307,7 @@ def test_convert_index_dtypes_follow_torch():
         except RuntimeError:
             continue
         got = run("convert", sp_input=ours, layout=target, blocksize=[2, 2] if target == "bsr" else None)
-        assert_same(got, want, what=f"csr(int32) -> {target}")
+        assert_eq(got, want, what=f"csr(int32) -> {target}")
 
 
 # ================================================================== coalesce
@@ -315,7 +317,7 @@ def test_coalesce_matches_torch(t):
     got = run("coalesce", sp_input=t)
     want = from_torch(to_torch(t).coalesce())
     assert got.coalesced
-    assert_same(got, want, rtol=1e-3 if t.dtype == np.float16 else 1e-6)
+    assert_eq(got, want, rtol=1e-3 if t.dtype == np.float16 else 1e-6)
 
 
 # ================================================================== select
@@ -331,12 +333,12 @@ def test_select_matches_torch(t, data):
         want = from_torch(want_t)
         if want.layout == "coo":
             # torch's select keeps the surviving entries in their order, as ours
-            assert_same(got, want, what=f"select dim {dim} index {i}")
+            assert_eq(got, want, what=f"select dim {dim} index {i}")
         else:
-            assert_same_dense(run("to_dense", sp_input=got, validate_indices=False), want_t.to_dense().numpy())
+            assert_eq(run("to_dense", sp_input=got, validate_indices=False), want_t.to_dense().numpy())
     else:
         dense_want = want_t.to_dense().numpy() if want_t.layout != torch().strided else want_t.numpy()
-        assert_same_dense(got, dense_want, what=f"select dim {dim} index {i} (dense)")
+        assert_eq(got, dense_want, what=f"select dim {dim} index {i} (dense)")
 
 
 @SETTINGS
@@ -349,7 +351,7 @@ def test_select_slices_match_torch_narrow(t, data):
     index = [[None, None, None]] * dim + [[start, start + length, 1]]
     got = run("select", sp_input=t, index=index)
     want = to_torch(t).narrow_copy(dim, start, length)
-    assert_same_dense(run("to_dense", sp_input=got, validate_indices=False),
+    assert_eq(run("to_dense", sp_input=got, validate_indices=False),
                       want.to_dense().numpy(), rtol=1e-3, atol=1e-3)
     want = from_torch(want)
     np.testing.assert_array_equal(np.sort(got.indices, axis=0), np.sort(want.indices, axis=0))
@@ -374,7 +376,7 @@ def test_sampled_addmm_matches_torch(data):
         want = torch().sparse.sampled_addmm(to_torch(x_in), to_torch(mat1), to_torch(mat2), beta=beta, alpha=alpha)
         want = from_torch(want)
         want = _index_dtype_like(want, got) if got.compressed_indices.dtype != want.compressed_indices.dtype else want
-        assert_same(got, want, rtol=1e-5, atol=1e-5)
+        assert_eq(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_sampled_addmm_other_layouts_match_torch_on_csr():
@@ -388,7 +390,7 @@ def test_sampled_addmm_other_layouts_match_torch_on_csr():
     for layout in declared_layouts("sampled_addmm", "input"):
         got = run("sampled_addmm", input=in_layout(x, layout), mat1=mat1, mat2=mat2, beta=0.5, alpha=2)
         assert got.layout == layout
-        assert_same_dense(run("to_dense", sp_input=run("convert", sp_input=got, layout="coo")), want)
+        assert_eq(run("to_dense", sp_input=run("convert", sp_input=got, layout="coo")), want)
 
 
 # ================================================================== softmax, log_softmax
@@ -404,7 +406,7 @@ def test_log_softmax_and_softmax_match_torch(t, data):
             # the input's sparsity; both hold no number
             assert got.nnz == t.nnz and want_t._nnz() == 0
             continue
-        assert_same(got, from_torch(want_t), rtol=1e-5, atol=1e-5, what=f"{name} dim {dim}")
+        assert_eq(got, from_torch(want_t), rtol=1e-5, atol=1e-5, what=f"{name} dim {dim}")
 
 
 def test_softmax_last_axis_matches_tf_too():
@@ -431,11 +433,11 @@ def test_softmax_in_declared_layouts():
         except (RuntimeError, NotImplementedError):
             want_l = None
         if want_l is not None and want_l.layout == got.layout:
-            assert_same(got, want_l, what=f"log_softmax {layout}")
+            assert_eq(got, want_l, what=f"log_softmax {layout}")
         got_coo = run("convert", sp_input=got, layout="coo")
         want_d = run("to_dense", sp_input=want)
         got_d = run("to_dense", sp_input=got_coo)
-        assert_same_dense(got_d, want_d, what=f"log_softmax {layout} (dense)")
+        assert_eq(got_d, want_d, what=f"log_softmax {layout} (dense)")
 
 
 # ================================================================== matmul sparse @ sparse
@@ -458,12 +460,12 @@ def test_spgemm_matches_torch(data):
         want = from_torch(want_t.coalesce() if layout == "coo" else want_t)
         assert got.layout == want.layout
         if layout == "coo":
-            assert_same(got, want, rtol=1e-5, atol=1e-5)
+            assert_eq(got, want, rtol=1e-5, atol=1e-5)
         else:
             # torch's CSR @ CSR leaves the columns of a row in an unspecified order (often not
             # ascending); ours sorts them. Same row pointers, same entries per row.
             np.testing.assert_array_equal(got.compressed_indices, want.compressed_indices)
-            assert_same(coalesced(run("convert", sp_input=got, layout="coo")),
+            assert_eq(coalesced(run("convert", sp_input=got, layout="coo")),
                         from_torch(_fresh_coalesce(want_t.to_sparse())), rtol=1e-5, atol=1e-5)
             for r in range(m):
                 lo, hi = got.compressed_indices[r], got.compressed_indices[r + 1]
@@ -500,11 +502,11 @@ def test_transpose_compressed_matches_torch(layout):
             with pytest.raises(RuntimeError):
                 tx.transpose(d0, d1)
             assert got.layout == {"csr": "csc", "csc": "csr", "bsr": "bsc", "bsc": "bsr"}[layout]
-            assert_same_dense(run("to_dense", sp_input=run("convert", sp_input=got, layout="coo")),
+            assert_eq(run("to_dense", sp_input=run("convert", sp_input=got, layout="coo")),
                               np.ascontiguousarray(np.swapaxes(dense, d0, d1)))
             continue
         want = from_torch(tx.transpose(d0, d1))
-        assert_same(got, want, what=f"transpose {layout} {shape}")
+        assert_eq(got, want, what=f"transpose {layout} {shape}")
 
 
 # ================================================================== over the wires
@@ -526,11 +528,11 @@ def test_torch_ops_over_the_wires(client):
     assert got.values.dtype == np.float32
     got = client.coalesce(t)
     want = from_torch(to_torch(t).coalesce())
-    assert_same(got, want)
+    assert_eq(got, want)
     csr = client.convert(SparseTensor(indices=[[0, 1], [1, 0]], values=np.array([1.0, 2.0]), dense_shape=[2, 2]),
                          "csr")
     want = from_torch(T.tensor([[0.0, 1.0], [2.0, 0.0]], dtype=T.float64).to_sparse_csr())
-    assert_same(csr, want)
+    assert_eq(csr, want)
     sm = client.log_softmax(SparseTensor(indices=[[0, 0], [0, 1]], values=np.array([1.0, 2.0]), dense_shape=[2, 2]),
                             axis=1)
     want = T.sparse.log_softmax(T.sparse_coo_tensor([[0, 0], [0, 1]], [1.0, 2.0], (2, 2)), 1).coalesce()
