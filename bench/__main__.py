@@ -15,6 +15,7 @@ import platform
 import numpy as np
 
 from sparseserve import kernels
+from ._results import figure, record
 from ._timing import best_of
 
 
@@ -99,6 +100,14 @@ def main() -> None:
     for op, nbytes, seconds in band:
         gbs = nbytes / seconds / 1e9
         print(f"| {op} | {nbytes / 1e6:,.0f} MB | {seconds:.4f} | {gbs:.1f} | {gbs / copy_gbs:.0%} |")
+    entries = {"nnz": args.nnz, "dim": args.dim}
+    record("kernels", [figure(op, ours, peer_name, peer, sizes=entries) for op, peer_name, ours, peer in rows]
+           + [figure(op, nbytes / seconds / 1e9, "numpy copy", copy_gbs, unit="GB/s",
+                     sizes={"dense_side": args.dense, "bytes": nbytes}) for op, nbytes, seconds in band],
+           about=f"coalesce and reorder of {args.nnz:,} random entries in {args.dim:,}² (10% repeated), float64; "
+                 f"to_dense, from_dense and mul on a {args.dense:,}² float64 array at 10% density, in GB/s of "
+                 "the bytes each must read and write against a numpy copy's in the same run",
+           nnz=args.nnz, dim=args.dim, dense=args.dense, repeat=args.repeat)
 
 
 if __name__ == "__main__":

@@ -43,5 +43,5 @@ class BenchServer:
     def __enter__(self) -> "BenchServer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_exc) -> None:
         self.stop()

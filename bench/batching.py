@@ -23,6 +23,7 @@ from sparseserve.server.config import ServerConfig
 from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
+from ._results import figure, record
 from ._server import BenchServer
 from .service import p50_ms, reorder_calls_per_second
 
@@ -90,6 +91,21 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, (rate, p50, cpu_us) in results.items():
         print(f"| {name} | {rate:,.0f} | {rate / base:.2f}x | {p50:.2f} ms | {cpu_us:.0f} µs |")
+
+    # Each window against the same server with batching off.
+    off_rate, off_p50, off_cpu_us = results.pop("off")
+    sizes = {"nnz": 100, "clients": args.clients, "calls": args.calls}
+    figures = []
+    for name, (rate, p50, cpu_us) in results.items():
+        figures += [figure(f"calls/s, {name}", rate, "batching off", off_rate, unit="calls/s", sizes=sizes),
+                    figure(f"p50, one client alone, {name}", p50 / 1e3, "batching off", off_p50 / 1e3, sizes=sizes),
+                    figure(f"service CPU per call, {name}", cpu_us / 1e6, "batching off", off_cpu_us / 1e6,
+                           sizes={"nnz": 100, "at_once": 16})]
+    record("batching", figures, about=f"Server-side batching (--batch-window-ms) against none: reorders of a "
+           f"100-nonzero tensor from {args.clients} concurrent gRPC SDK clients on loopback, a lone client's "
+           "p50, and the service's own CPU per call (Service.execute in process, 16 calls at a time)",
+           clients=args.clients, calls=args.calls, window_ms=args.window_ms, max_batch=args.max_batch,
+           latency_calls=args.latency_calls)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import numpy as np
 from sparseserve import SparseTensor
 from sparseserve.core.tensor import HandleRef
 
+from ._results import figure, record
 from .linalg import best_of, random_csr
 
 
@@ -98,6 +99,22 @@ def main() -> None:
     print(f"fixed cost of a partitioned call (100-row SpMV): {fixed * 1e3:.1f} ms")
     print(f"network per SpMV call: the vector to each block ({x.nbytes / 2**20:.1f} MiB x {args.partitions}) "
           f"and the answer back ({args.rows * 8 / 2**20:.1f} MiB); the {a.nnz:,} nonzeros stay put")
+    sizes = {"rows": args.rows, "nnz": a.nnz, "partitions": args.partitions, "workers": args.workers}
+    figures = []
+    for name, (single, dist, (scipy_s, torch_s)) in rows.items():
+        peers = {"scipy": scipy_s, "torch": torch_s}
+        figures.append(figure(f"{name}, partitioned", dist, "single node (ours, 2 threads)", single, sizes=sizes))
+        for ours_name, ours in (("partitioned", dist), ("single node", single)):
+            figures += [figure(f"{name}, {ours_name}", ours, peer, seconds, sizes=sizes)
+                        for peer, seconds in peers.items() if seconds is not None]
+    figures += [figure(f"put with {args.partitions} partitions", put_s, sizes=sizes,
+                       note=f"{a.nbytes / put_s / 2**20:.0f} MiB/s"),
+                figure("fixed cost of a partitioned call (100-row SpMV)", fixed, sizes={"rows": 100})]
+    record("distributed", figures, about=f"SpMV and reduce_sum on a {args.rows:,} × {args.rows:,} CSR matrix "
+           f"({args.per_row} a row) partitioned over a Dask LocalCluster of {args.workers} worker processes of 1 "
+           "thread (loopback), called through Service.execute with a handle, against the single-node kernel, scipy "
+           "and torch on the same matrix", rows=args.rows, per_row=args.per_row, workers=args.workers,
+           partitions=args.partitions, repeat=args.repeat)
 
 
 def _ms(seconds: float | None) -> str:

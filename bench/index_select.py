@@ -18,6 +18,7 @@ import argparse
 import numpy as np
 
 from sparseserve import SparseTensor
+from ._results import figure, record
 from ._timing import best_of_each
 
 
@@ -83,6 +84,17 @@ def run(scale: float = 1.0, repeat: int = 5) -> list[tuple[str, float]]:
     for key, label in (("first", "COO, first call on the tensor"), ("held", "COO, held tensor"),
                        ("csr", "CSR")):
         print(f"  sparseserve, {label:30s} {times[key] * 1e3:9.2f} ms   torch / ours = {t_torch / times[key]:6.2f}x")
+    sizes = {"n": n, "nnz": coo.nnz, "rows": rows, "selected_nnz": got.nnz}
+    peer = "torch.index_select on COO (2 threads)"
+    record("index_select", [figure("index_select on COO, first call on the tensor", times["first"], peer, t_torch,
+                                   sizes=sizes),
+                            figure("index_select on COO, held tensor", times["held"], peer, t_torch, sizes=sizes),
+                            figure("index_select on CSR (torch has none)", times["csr"], peer, t_torch, sizes=sizes)],
+           about=f"index_select of {rows:,} random rows (dim 0) of a {n:,} × {n:,} float32 matrix with {coo.nnz:,} "
+                 "entries in process, on COO (a first call on a tensor, which builds its row pointer; a held "
+                 "tensor, which keeps it) and on CSR, against torch.index_select on the same matrix as a "
+                 "coalesced torch COO tensor",
+           scale=scale, repeat=repeat)
     return [(key, t_torch / times[key]) for key in ("first", "held", "csr")]
 
 

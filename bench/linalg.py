@@ -3,8 +3,7 @@
 
 Same data, same run; ratios are peer time / our time (above 1: sparseserve is
 faster). Peers are optional: a missing one is reported and skipped.
-``python -m bench.linalg --scale 0.1`` for a quicker run; ``run()`` is what
-``python -m bench`` calls.
+``python -m bench.linalg --scale 0.1`` for a quicker run.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import platform
 import numpy as np
 
 from sparseserve import SparseTensor
+from ._results import figure, record
 from ._timing import best_of
 
 
@@ -65,7 +65,7 @@ def _copy_gbs(nbytes: int, repeat: int) -> float:
 
 
 def in_process(scale: float, repeat: int) -> tuple[list, list, float]:
-    """(peer rows, bandwidth rows, numpy copy GB/s)."""
+    """(peer rows, bandwidth rows, numpy copy GB/s); a peer row ends with the sizes it ran at."""
     rows, band = [], []
     n = int(2_000_000 * scale)
     a = random_csr(n, 10, 0)
@@ -73,14 +73,14 @@ def in_process(scale: float, repeat: int) -> tuple[list, list, float]:
     copy_gbs = _copy_gbs(a.nbytes, repeat)
     sa, ta = _peers(a)
     ours = best_of(_matmul(a, x), repeat)
-    label = f"SpMV {n:,}^2, {a.nnz:,} nnz, int32"
+    label, sizes = f"SpMV {n:,}^2, {a.nnz:,} nnz, int32", {"n": n, "nnz": a.nnz}
     if sa is not None:
-        rows.append((label, "scipy A @ x", ours, best_of(lambda: sa @ x, repeat)))
+        rows.append((label, "scipy A @ x", ours, best_of(lambda: sa @ x, repeat), sizes))
     if ta is not None:
         import torch
 
         tx = torch.from_numpy(x)
-        rows.append((label, "torch CSR A @ x (2 threads)", ours, best_of(lambda: ta @ tx, repeat)))
+        rows.append((label, "torch CSR A @ x (2 threads)", ours, best_of(lambda: ta @ tx, repeat), sizes))
     # SpMV must read the matrix and x and write y once (x's random reads at best once).
     band.append(("SpMV", a.nbytes + 2 * x.nbytes, ours))
 
@@ -89,14 +89,14 @@ def in_process(scale: float, repeat: int) -> tuple[list, list, float]:
     x = np.random.default_rng(3).standard_normal((n, 64))
     sa, ta = _peers(a)
     ours = best_of(_matmul(a, x), repeat)
-    label = f"SpMM {n:,}^2, {a.nnz:,} nnz @ [{n:,}, 64]"
+    label, sizes = f"SpMM {n:,}^2, {a.nnz:,} nnz @ [{n:,}, 64]", {"n": n, "nnz": a.nnz, "columns": 64}
     if sa is not None:
-        rows.append((label, "scipy A @ X", ours, best_of(lambda: sa @ x, repeat)))
+        rows.append((label, "scipy A @ X", ours, best_of(lambda: sa @ x, repeat), sizes))
     if ta is not None:
         import torch
 
         tx = torch.from_numpy(x)
-        rows.append((label, "torch CSR A @ X (2 threads)", ours, best_of(lambda: ta @ tx, repeat)))
+        rows.append((label, "torch CSR A @ X (2 threads)", ours, best_of(lambda: ta @ tx, repeat), sizes))
     band.append(("SpMM", a.nbytes + 2 * x.nbytes, ours))
 
     n = int(100_000 * scale)
@@ -106,12 +106,13 @@ def in_process(scale: float, repeat: int) -> tuple[list, list, float]:
     sb, _ = _peers(b)
     if sa is not None:
         rows.append((f"SpGEMM {n:,}^2 @ {n:,}^2, 10 nnz/row", "scipy A @ B", ours,
-                     best_of(lambda: sa @ sb, repeat)))
+                     best_of(lambda: sa @ sb, repeat), {"n": n, "nnz": a.nnz + b.nnz}))
     return rows, band, copy_gbs
 
 
-def through_service(scale: float, repeat: int) -> list[tuple[str, float]]:
-    """``c.matmul(handle, x)`` over gRPC against the in-process op plus x and y at wire speed."""
+def through_service(scale: float, repeat: int) -> dict[str, float]:
+    """``c.matmul(handle, x)`` over gRPC against the in-process op plus x and y at wire speed:
+    the seconds of each (``service``, ``kernel``, ``moved``), the put and get GB/s and ``n``."""
     from sparseserve import Client
 
     from ._server import BenchServer
@@ -132,9 +133,7 @@ def through_service(scale: float, repeat: int) -> list[tuple[str, float]]:
         finally:
             c.delete(handle)
     moved = x.nbytes / up / 1e9 + x.nbytes / down / 1e9
-    return [("in-process matmul", kernel), (f"x up + y down at {up:.1f} / {down:.1f} GB/s", moved),
-            ("c.matmul(handle, x) over gRPC", service), ("ratio service / (kernel + transfers)",
-                                                        service / (kernel + moved))]
+    return {"service": service, "kernel": kernel, "moved": moved, "up": up, "down": down, "n": n}
 
 
 def run(scale: float = 1.0, repeat: int = 5, service: bool = True) -> None:
@@ -144,7 +143,7 @@ def run(scale: float = 1.0, repeat: int = 5, service: bool = True) -> None:
           f"{platform.python_implementation()} {platform.python_version()}; linear algebra, float64\n")
     print("| op | peer | sparseserve (s) | peer (s) | peer / sparseserve |")
     print("|---|---|---|---|---|")
-    for op, peer_name, ours, peer in rows:
+    for op, peer_name, ours, peer, _ in rows:
         print(f"| {op} | {peer_name} | {ours:.4f} | {peer:.4f} | {peer / ours:.2f}x |")
     print(f"\nA numpy copy runs at {copy_gbs:.1f} GB/s (read + write).\n")
     print("| op | bytes read + written | sparseserve (s) | GB/s | share of copy GB/s |")
@@ -152,11 +151,25 @@ def run(scale: float = 1.0, repeat: int = 5, service: bool = True) -> None:
     for op, nbytes, seconds in band:
         gbs = nbytes / seconds / 1e9
         print(f"| {op} | {nbytes / 1e6:,.0f} MB | {seconds:.4f} | {gbs:.1f} | {gbs / copy_gbs:.0%} |")
+    figures = [figure(op, ours, peer_name, peer, sizes=sizes) for op, peer_name, ours, peer, sizes in rows]
+    figures += [figure(op, nbytes / seconds / 1e9, "numpy copy", copy_gbs, unit="GB/s", sizes={"bytes": nbytes})
+                for op, nbytes, seconds in band]
     if service:
+        s = through_service(scale, repeat)
         print("\n| SpMV through the service | seconds |")
         print("|---|---|")
-        for name, value in through_service(scale, repeat):
-            print(f"| {name} | {value:.4f} |" if "ratio" not in name else f"| {name} | {value:.2f}x |")
+        print(f"| in-process matmul | {s['kernel']:.4f} |")
+        print(f"| x up + y down at {s['up']:.1f} / {s['down']:.1f} GB/s | {s['moved']:.4f} |")
+        print(f"| c.matmul(handle, x) over gRPC | {s['service']:.4f} |")
+        print(f"| ratio service / (kernel + transfers) | {s['service'] / (s['kernel'] + s['moved']):.2f}x |")
+        figures.append(figure("SpMV, c.matmul(handle, x) over gRPC", s["service"],
+                              "in-process matmul + x up and y down at put/get speed", s["kernel"] + s["moved"],
+                              sizes={"n": s["n"]}, note=f"put {s['up']:.1f}, get {s['down']:.1f} GB/s"))
+        figures.append(figure("SpMV, in-process matmul", s["kernel"], sizes={"n": s["n"]}))
+    record("linalg", figures, about="SpMV, SpMM and SpGEMM in process against scipy and torch (2 threads), "
+           "float64 CSR with int32 indices and uniform random columns; their GB/s against a numpy copy's; "
+           "SpMV on a matrix held by handle through a real server over gRPC", scale=scale, repeat=repeat,
+           service=service)
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ import os
 import platform
 
 import numpy as np
+
+from ._results import figure, record
 from ._timing import best_of_each
 
 
@@ -86,15 +88,16 @@ def main() -> None:
             tf_idx = tf.constant(indices)
             want = tf.sparse.segment_sum(tf_data, tf_idx, tf_ids, num_segments=segments).numpy()
             np.testing.assert_allclose(ours_out, want, rtol=1e-4, atol=1e-4)
-            fns["tf"] = lambda: tf.sparse.segment_sum(tf_data, tf_idx, tf_ids, num_segments=segments).numpy()
+            fns["tf"] = lambda tf_idx=tf_idx: tf.sparse.segment_sum(tf_data, tf_idx, tf_ids,
+                                                                    num_segments=segments).numpy()
         if torch is not None:
             t_idx = torch.from_numpy(indices)
             if indices is arange:
                 fns["torch"] = lambda: torch.segment_reduce(t_data, "sum", lengths=t_lengths, axis=0,
                                                             unsafe=True)
             else:
-                fns["torch"] = lambda: torch.segment_reduce(t_data.index_select(0, t_idx), "sum",
-                                                            lengths=t_lengths, axis=0, unsafe=True)
+                fns["torch"] = lambda t_idx=t_idx: torch.segment_reduce(t_data.index_select(0, t_idx), "sum",
+                                                                        lengths=t_lengths, axis=0, unsafe=True)
             np.testing.assert_allclose(ours_out, fns["torch"]().numpy(), rtol=1e-4, atol=1e-4)
         row = {"pattern": pattern, **best_of_each(fns, args.repeat)}
         results.append(row)
@@ -124,6 +127,29 @@ def main() -> None:
         gbs = moved / r["ours"] / 1e9
         print(f"| {r['pattern']} | {moved / 1e6:,.0f} MB | {r['copy']:.4f} | {copy_gbs:.1f} | {r['copy'] / 2:.4f} | "
               f"{gbs:.1f} | {r['ours'] / (r['copy'] / 2):.2f}x |")
+    record("segment", _figures(results, {"rows": rows, "width": args.width, "segments": segments}, moved),
+           about=f"segment_sum of {rows:,} × {args.width} float32 rows into {segments:,} sorted segments, int64 "
+                 f"indices and ids, in process against tf.sparse.segment_sum and torch.segment_reduce (given the "
+                 f"segment lengths; with the permutation, after data.index_select), {threads} threads each; and "
+                 "against the floor of half a numpy copy of the bytes the op must move",
+           scale=args.scale, width=args.width, threads=threads, repeat=args.repeat)
+
+
+def _figures(results: list[dict], sizes: dict[str, int], moved: int) -> list[dict]:
+    """The rows of bench/results/segment.json: each peer's time and the bandwidth floor."""
+    figures = []
+    for r in results:
+        case = f"segment_sum, {r['pattern']}"
+        if "tf" in r:
+            figures.append(figure(case, r["ours"], "tf.sparse.segment_sum", r["tf"], sizes=sizes))
+        if "torch" in r:
+            torch_name = ("torch.segment_reduce (lengths given)" if r["pattern"] == "indices = arange"
+                          else "torch index_select + segment_reduce")
+            figures.append(figure(case, r["ours"], torch_name, r["torch"], sizes=sizes))
+        figures.append(figure(case, r["ours"], "floor: half a numpy copy of the bytes it must move",
+                              r["copy"] / 2, sizes={**sizes, "bytes": moved}))
+    return figures
+
 
 if __name__ == "__main__":
     main()

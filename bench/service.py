@@ -29,6 +29,7 @@ from sparseserve.core.codec import DEFAULT_CHUNK_BYTES, iter_chunks
 from sparseserve.core.frames import execute_request_bytes
 from sparseserve.server.config import MAX_REQUEST_BYTES_LIMIT
 
+from ._results import figure, record
 from ._server import BenchServer
 
 # The receiving side of the raw-socket yardstick: a separate process, as the server is.
@@ -125,7 +126,7 @@ class EchoServer:
     def __enter__(self) -> "EchoServer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_exc) -> None:
         self.proc.terminate()
         self.proc.wait(30)
 
@@ -334,6 +335,36 @@ def main() -> None:
     print(f"| serve to ready, numba cache warm | {warm:.1f} s |")
     if cold_s is not None:
         print(f"| serve to ready, numba cache cold | {cold_s:.1f} s |")
+
+    moved = {"bytes": tensor.nbytes}
+    tcp_name = "raw TCP socket, same bytes"
+    small_calls = {"nnz": 100, "calls": args.calls}
+    p50_note = f"median of {args.rounds} rounds: {ms['ours']} ms, bare {ms['bare']} ms"
+    figures = [
+        figure("put over gRPC", grpc_up, tcp_name, tcp, unit="GB/s", sizes=moved),
+        figure("put over gRPC", grpc_up, "bare gRPC stream of the same frames", stream_up, unit="GB/s", sizes=moved),
+        figure("first put over gRPC, into fresh memory", grpc_first_up, unit="GB/s", sizes=moved),
+        figure("get over gRPC", grpc_down, tcp_name, tcp, unit="GB/s", sizes=moved),
+        figure("get over gRPC", grpc_down, "raw TCP socket into a fresh buffer", tcp_fresh, unit="GB/s", sizes=moved),
+        figure("get over gRPC", grpc_down, "bare gRPC stream of 1 MiB frames", stream_down, unit="GB/s", sizes=moved),
+        figure("put over REST (protobuf body)", rest_up, tcp_name, tcp, unit="GB/s", sizes=moved),
+        figure("first put over REST, into fresh memory", rest_first_up, unit="GB/s", sizes=moved),
+        figure("get over REST (protobuf body)", rest_down, tcp_name, tcp, unit="GB/s", sizes=moved),
+        figure("reorder of 100 nonzeros, p50, gRPC", grpc_p50 / 1e3, "bare gRPC echo of its bytes", echo_p50 / 1e3,
+               sizes=small_calls, note=p50_note),
+        figure("reorder of 100 nonzeros, p50, REST + JSON", json_p50 / 1e3, sizes=small_calls),
+        figure("reorder of 100 nonzeros, p50, REST + JSON, AsyncClient", async_json_p50 / 1e3, sizes=small_calls),
+        figure(f"reorder calls/s, {args.clients} gRPC clients", rate, "bare gRPC echo", echo_rate, unit="calls/s",
+               sizes={"clients": args.clients, "calls_each": calls_each},
+               note=f"median of {args.rounds} rounds: {spread['ours']}, bare {spread['bare']}"),
+        figure("serve to ready, numba cache warm", warm),
+    ]
+    if cold_s is not None:
+        figures.append(figure("serve to ready, numba cache cold", cold_s))
+    record("service", figures, about=f"A real server on loopback driven by the SDK: a {tensor.nbytes / 1e6:,.0f} MB "
+           "COO tensor put and got over gRPC and REST against a raw TCP socket and bare gRPC streams moving the "
+           "same bytes; small-call latency and throughput against a bare grpc.aio echo of the same bytes; "
+           "time to ready", mb=args.mb, calls=args.calls, clients=args.clients, rounds=args.rounds, cold=args.cold)
 
 
 if __name__ == "__main__":

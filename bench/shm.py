@@ -15,6 +15,7 @@ import numpy as np
 
 from sparseserve import Client, SparseTensor
 
+from ._results import figure, record
 from ._server import BenchServer
 from .service import coo_of_bytes, transfer_gbs
 
@@ -55,6 +56,12 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| put | {shm_up:.2f} GB/s | {grpc_up:.2f} GB/s | {shm_up / grpc_up:.1f}x |")
     print(f"| get | {shm_down:.2f} GB/s | {grpc_down:.2f} GB/s | {shm_down / grpc_down:.1f}x |")
+    moved = {"bytes": tensor.nbytes}
+    record("shm", [figure("put through shared memory", shm_up, "put over gRPC", grpc_up, unit="GB/s", sizes=moved),
+                   figure("get through shared memory", shm_down, "get over gRPC", grpc_down, unit="GB/s",
+                          sizes=moved)],
+           about=f"put and get of a {tensor.nbytes / 1e6:,.0f} MB COO tensor through shared memory against the "
+                 "same over gRPC, one server process on the same host", mb=args.mb, repeat=args.repeat)
 
 
 if __name__ == "__main__":
