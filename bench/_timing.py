@@ -12,10 +12,12 @@ import time
 from typing import Callable
 
 
-def best_of_each(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Best time of each named contender, their runs interleaved round by round."""
-    for fn in fns.values():
-        fn()
+def best_of_each(fns: dict[str, Callable[[], object]], repeat: int, warm_up: bool = True) -> dict[str, float]:
+    """Best time of each named contender, their runs interleaved round by round (after a warm-up
+    run of each, unless the caller has just run them, as for checking their answers)."""
+    if warm_up:
+        for fn in fns.values():
+            fn()
     best = {name: float("inf") for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
