@@ -1,54 +1,41 @@
-"""``Client.put/get(shared_memory=True)``: the SDK's side of same-host transfers through POSIX
-shared memory; the segment layout both sides share is ``sparseserve.core.shm``."""
+"""``put/get(shared_memory=True)``: the SDK's side of same-host transfers through POSIX shared
+memory: writing a segment for the server to take, and claiming one it wrote. The gRPC
+transports (``_transport_grpc``) make the calls; the segment layout both sides share is
+``sparseserve.core.shm``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from multiprocessing import shared_memory
-from typing import Any
+from typing import AsyncIterator, Iterator
 
 import numpy as np
 
 from .core.codec import tensor_to_pb
-from .core.errors import InvalidArgumentError, UnimplementedError
+from .core.errors import InvalidArgumentError
 from .core.shm import (SEGMENT_NAME, close_segment, create_segment, header_slots, open_segment, read_tensor,
                        segment_bytes, tensor_arrays, unlink_segment, write_tensor)
-from ._remote import RemoteTensor
 from .core.tensor import SparseTensor
 from .v1 import sparseserve_pb2 as pb
 
-__all__ = ["put", "get", "put_async", "get_async"]
+__all__ = ["segment_of", "segment_of_async", "claim"]
 
 
-def _require_grpc(client: Any) -> None:
-    if client.wire != "grpc":
-        raise UnimplementedError(
-            f"shared_memory=True needs the gRPC wire (a host:port target); {client.target} speaks REST",
-            reason="SHARED_MEMORY_NEEDS_GRPC")
-
-
-def _written_segment(tensor: SparseTensor | np.ndarray) -> tuple[shared_memory.SharedMemory, pb.SharedTensor]:
-    """A new segment holding ``tensor``, and the PutShared request that names it."""
-    header = tensor_to_pb(tensor, with_data=False)
-    slots = header_slots(header)
-    shm = create_segment(segment_bytes(slots))
+@contextlib.contextmanager
+def segment_of(tensor: SparseTensor | np.ndarray) -> Iterator[pb.SharedTensor]:
+    """A new segment holding ``tensor``, as the PutShared request that names it; unlinked on
+    leaving (the server unlinks a segment once copied: this covers a call that failed first)."""
+    shm, request = _written_segment(tensor)
     try:
-        write_tensor(shm, slots, tensor_arrays(tensor))
-    except BaseException:
+        yield request
+    finally:
         _drop_segment(shm)
-        raise
-    return shm, pb.SharedTensor(segment=shm.name, header=header)
 
 
-def _drop_segment(shm: shared_memory.SharedMemory) -> None:
-    # The server unlinks a segment once copied; this covers a call that failed first.
-    close_segment(shm)
-    unlink_segment(shm.name)
-
-
-def _claim(reply: pb.SharedTensor) -> SparseTensor | np.ndarray:
+def claim(reply: pb.SharedTensor) -> SparseTensor | np.ndarray:
     """The tensor of a GetShared reply, copied out of its segment, which is then unlinked."""
     if not SEGMENT_NAME.match(reply.segment):
         raise InvalidArgumentError(f"the server named segment {reply.segment!r}, not one of "
@@ -64,31 +51,31 @@ def _claim(reply: pb.SharedTensor) -> SparseTensor | np.ndarray:
         unlink_segment(reply.segment)
 
 
-def put(client: Any, tensor: SparseTensor | np.ndarray):
-    """``Client.put(tensor, shared_memory=True)``: write a segment, have the server take it."""
-    _require_grpc(client)
-    shm, request = _written_segment(tensor)
+def _written_segment(tensor: SparseTensor | np.ndarray) -> tuple[shared_memory.SharedMemory, pb.SharedTensor]:
+    header = tensor_to_pb(tensor, with_data=False)
+    slots = header_slots(header)
+    shm = create_segment(segment_bytes(slots))
     try:
-        reply = client._grpc(client._stub.PutShared, request)
-    finally:
+        write_tensor(shm, slots, tensor_arrays(tensor))
+    except BaseException:
         _drop_segment(shm)
-    return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=client)
+        raise
+    return shm, pb.SharedTensor(segment=shm.name, header=header)
 
 
-def get(client: Any, handle: str) -> SparseTensor | np.ndarray:
-    """``Client.get(handle, shared_memory=True)``: the server writes a segment, this copies it out."""
-    _require_grpc(client)
-    return _claim(client._grpc(client._stub.GetShared, pb.Handle(handle=handle)))
+def _drop_segment(shm: shared_memory.SharedMemory) -> None:
+    close_segment(shm)
+    unlink_segment(shm.name)
 
 
-# The AsyncClient's halves: the copies (a gigabyte takes a good fraction of a second) run in a
+# The AsyncClient's half: the copy (a gigabyte takes a good fraction of a second) runs in a
 # worker thread, so the event loop keeps serving the program's other calls meanwhile.
 class _Handover:
     """A segment passing from the thread that writes it to the caller waiting on the loop.
     Whichever side comes second drops it when the caller has gone: not a done callback on the
     loop, which may be shut down (``asyncio.run`` ending) before the thread finishes."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.abandoned = False
         self.shm: shared_memory.SharedMemory | None = None
@@ -111,9 +98,9 @@ class _Handover:
             _drop_segment(shm)
 
 
-async def put_async(client: Any, tensor: SparseTensor | np.ndarray):
-    """``await AsyncClient.put(tensor, shared_memory=True)``."""
-    _require_grpc(client)
+@contextlib.asynccontextmanager
+async def segment_of_async(tensor: SparseTensor | np.ndarray) -> AsyncIterator[pb.SharedTensor]:
+    """``segment_of``, the copy made in a worker thread."""
     handover = _Handover()
     # Shielded: a cancelled caller must not leave the thread's segment to nobody.
     writing = asyncio.ensure_future(asyncio.to_thread(handover.write, tensor))
@@ -124,19 +111,11 @@ async def put_async(client: Any, tensor: SparseTensor | np.ndarray):
         writing.add_done_callback(_retrieved)  # its error, if any, has no one left to tell
         raise
     try:
-        reply = await client._grpc(client._stub.PutShared, request)
+        yield request
     finally:
         _drop_segment(shm)
-    return RemoteTensor(reply.handle, nbytes=reply.nbytes, client=client)
 
 
 def _retrieved(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
-
-
-async def get_async(client: Any, handle: str) -> SparseTensor | np.ndarray:
-    """``await AsyncClient.get(handle, shared_memory=True)``."""
-    _require_grpc(client)
-    reply = await client._grpc(client._stub.GetShared, pb.Handle(handle=handle))
-    return await asyncio.to_thread(_claim, reply)

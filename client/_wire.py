@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -97,10 +97,10 @@ def rest_pipeline(steps: list, outputs: list[str], keep: bool, encoding: str) ->
     return {"content": pipeline_json(steps, outputs, keep), "headers": {"content-type": "application/json"}}
 
 
-def rest_outputs(content: bytes, encoding: str) -> list[tuple[str, Any]]:
+def rest_outputs(content: bytes | memoryview, encoding: str) -> list[tuple[str, Any]]:
     """The outputs of a ``POST /v1/ops/{op}`` reply."""
     if encoding == "protobuf":
-        return outputs_from_bytes(content)
+        return outputs_from_bytes(cast(bytes, content))  # a view reads as well
     return outputs_from_json(loads(content))
 
 

@@ -1,27 +1,30 @@
 """The SDK's REST transport over the standard library's keep-alive connections
-(``sparseserve._http``).
+(``sparseserve._http``), for ``Client`` and for ``AsyncClient``, which runs it in threads.
 
 Against the real server: tensors of several sizes and both encodings come back intact, and one
-client's calls from many threads share a few connections. Against small hand-written HTTP
-servers: connections reused, an idle connection the server closed (noticed before use, or as
-the request goes out: sent again once), a body cut short, a body that stalls past the client's
-timeout, a base URL with a path prefix, and a configured proxy (which every call must go
-through, by httpx). The same for ``AsyncClient``'s asyncio connections (``_http_async``), with
-chunked and malformed replies, many calls in flight, a cancelled call and a second loop."""
+client's calls from many threads, or many at once from one loop, share a few connections.
+Against small hand-written HTTP servers: connections reused, chunked replies, an idle connection
+the server closed (noticed before use), a connection dropped under a request (sent again only
+when idempotent, or when the socket took none of it), broken replies, a body that stalls past
+the client's timeout, a base URL with a path prefix, headers, and a configured proxy (which
+every call must go through, by httpx); an async call cancelled, or abandoned until the client
+closes, and a client used again under a second loop."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import numpy as np
 import pytest
 
 from sparseserve import AsyncClient, Client, DeadlineExceededError, NotFoundError, SparseTensor, UnavailableError
-from sparseserve import _http, _http_async
+from sparseserve import _http
 
 from conftest import make_client
 
@@ -34,6 +37,12 @@ def no_proxy_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
     return monkeypatch
+
+
+def connections(c: Client | AsyncClient) -> _http.Connections:
+    """The keep-alive connections of a REST client (``AsyncClient``'s: its threads')."""
+    transport = c._transport
+    return getattr(transport, "_blocking", transport)._session
 
 
 def big_coo(nbytes: int) -> SparseTensor:
@@ -83,7 +92,7 @@ def test_threads_share_a_few_connections(server, no_proxy_env):
 
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(run, tensors))
-        assert 1 <= len(c._http._idle) <= 8
+        assert 1 <= len(connections(c)._idle) <= 8
     for t, results in zip(tensors, answers):
         order = np.lexsort(t.indices.T[::-1])
         for r in results:
@@ -95,8 +104,9 @@ def test_threads_share_a_few_connections(server, no_proxy_env):
 class FakeServer:
     """Answers requests with ``reply(connection)``, each connection in a thread of its own;
     records the request heads and counts connections. A connection answers ``answers``
-    requests, then hangs up without saying so: at once, or (``hang_up="on_next_request"``)
-    when the next request has arrived, unanswered."""
+    requests, then hangs up without saying so: at once, by a reset (``hang_up="reset"``: the
+    client's next write fails), or (``hang_up="on_next_request"``) when the next request has
+    arrived, unanswered."""
 
     def __init__(self, reply, answers: int = 1, hang_up: str = "at_once"):
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -137,6 +147,8 @@ class FakeServer:
                     self.reply(conn)
                 except OSError:
                     return
+            if self.hang_up == "reset":  # no FIN: a RST, which fails the peer's next send()
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def close(self) -> None:
         self.sock.close()
@@ -205,22 +217,59 @@ def test_a_connection_the_server_closed_while_idle_is_not_used(fake_server, no_p
         for _ in range(3):
             assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
             deadline = time.monotonic() + 5
-            while _http._still_open(c._http._idle[0]):  # until the server's close reaches the client
+            while _http._still_open(connections(c)._idle[0]):  # until the server's close reaches the client
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
     assert srv.connections == 3 and len(srv.heads) == 3 and len(set(exchanges)) == len(exchanges) == 3
 
 
-def test_a_request_the_server_hangs_up_on_goes_again_once_on_a_new_connection(fake_server, no_proxy_env):
+# When a kept-alive connection drops under a request: sent again, once, on a new connection only
+# where that is safe (the rule and why: ``_http``'s docstring).
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_an_idempotent_request_the_server_hangs_up_on_goes_again_once(fake_server, no_proxy_env, method):
     """The server closes a kept-alive connection as the next request arrives (idle timeouts
-    race requests): that request, unanswered, is sent again on a new connection."""
+    race requests): that request, unanswered and safe to repeat, goes again on a new one."""
     srv = fake_server(not_found_kept_alive, answers=1, hang_up="on_next_request")
+    handle = "h-" + "5" * 32
     with Client(srv.url) as c:
         assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
         no_proxy_env.setattr(_http, "_still_open", lambda conn: True)  # the close not yet seen
-        assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
+        with pytest.raises(NotFoundError):
+            c.get(handle) if method == "GET" else c.delete(handle)
     assert srv.connections == 2
-    assert [h.split("\r\n")[0] for h in srv.heads] == [f"DELETE /v1/tensors/h-{0:032d} HTTP/1.1"] * 3
+    assert [h.split("\r\n")[0] for h in srv.heads[1:]] == [f"{method} /v1/tensors/{handle} HTTP/1.1"] * 2
+
+
+def test_a_post_the_server_hangs_up_on_is_not_sent_again(fake_server, no_proxy_env):
+    """The server reads a POST on a kept-alive connection, then hangs up unanswered: it may have
+    run it, so the SDK does not run it twice; the caller gets UNAVAILABLE."""
+    srv = fake_server(not_found_kept_alive, answers=1, hang_up="on_next_request")
+    with Client(srv.url) as c:
+        assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
+        with pytest.raises(UnavailableError) as info:
+            c.call("reorder", sp_input=big_coo(240))
+    assert info.value.reason == "CONNECTION"
+    assert srv.connections == 1
+    assert [h.split("\r\n")[0] for h in srv.heads] == [f"DELETE /v1/tensors/h-{0:032d} HTTP/1.1",
+                                                        "POST /v1/ops/reorder HTTP/1.1"]
+
+
+def test_a_post_the_socket_took_none_of_goes_again(fake_server, no_proxy_env):
+    """The server reset a kept-alive connection before the client looked at it again: writing
+    the POST's head fails outright, so no byte of it left, and it goes again on a new one."""
+    srv = fake_server(not_found_kept_alive, answers=1, hang_up="reset")
+    with Client(srv.url) as c:
+        assert missing_handles(c, 1) == ["UNKNOWN_HANDLE"]
+        deadline = time.monotonic() + 5
+        while _http._still_open(connections(c)._idle[0]):  # until the reset has arrived
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        no_proxy_env.setattr(_http, "_still_open", lambda conn: True)  # ... unseen by the client
+        with pytest.raises(NotFoundError):  # answered, on the new connection
+            c.call("reorder", sp_input=big_coo(240))
+    assert srv.connections == 2
+    assert [h.split("\r\n")[0] for h in srv.heads] == [f"DELETE /v1/tensors/h-{0:032d} HTTP/1.1",
+                                                        "POST /v1/ops/reorder HTTP/1.1"]
 
 
 def test_a_new_connection_hung_up_on_is_not_retried(fake_server, no_proxy_env):
@@ -284,9 +333,30 @@ def test_direct_route(no_proxy_env):
     assert _http.direct_route("https://10.0.0.1:8000")
 
 
-# ------------------------------------------------------------------ AsyncClient's connections
-# ``_http_async``: the same exchanges as above on asyncio streams, and what only they do
-# (chunked replies, many calls in flight at once, a call cancelled midway).
+
+
+def not_found_chunked(conn):
+    body = b'{"error": {"code": "NOT_FOUND", "message": "no such tensor", "reason": "UNKNOWN_HANDLE"}}'
+    chunks = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7]) for i in range(0, len(body), 7))
+    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+                 + chunks + b"0\r\nx-trailer: 1\r\n\r\n")
+
+
+def test_chunked_reply_is_read_and_the_connection_kept(fake_server, no_proxy_env):
+    srv = fake_server(not_found_chunked, answers=100)
+    with Client(srv.url) as c:
+        assert missing_handles(c, 3) == ["UNKNOWN_HANDLE"] * 3
+    assert srv.connections == 1
+
+
+def test_connection_close_is_honoured(fake_server, no_proxy_env):
+    srv = fake_server(not_found, answers=1)  # says "connection: close", then closes
+    with Client(srv.url) as c:
+        assert missing_handles(c, 3) == ["UNKNOWN_HANDLE"] * 3
+    assert srv.connections == 3
+
+
+# ------------------------------------------------------------------ AsyncClient, through threads
 def async_missing_handles(url: str, calls: int, **kwargs) -> tuple[list[str], AsyncClient]:
     async def main():
         reasons = []
@@ -300,94 +370,22 @@ def async_missing_handles(url: str, calls: int, **kwargs) -> tuple[list[str], As
     return asyncio.run(main())
 
 
-def not_found_chunked(conn):
-    body = b'{"error": {"code": "NOT_FOUND", "message": "no such tensor", "reason": "UNKNOWN_HANDLE"}}'
-    chunks = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7]) for i in range(0, len(body), 7))
-    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
-                 + chunks + b"0\r\nx-trailer: 1\r\n\r\n")
-
-
 def test_async_calls_share_a_kept_alive_connection(fake_server, no_proxy_env):
     srv = fake_server(not_found_kept_alive, answers=100)
     reasons, c = async_missing_handles(srv.url, 5)
     assert reasons == ["UNKNOWN_HANDLE"] * 5
     assert srv.connections == 1 and len(srv.heads) == 5
-    assert isinstance(c._http, _http_async.AsyncConnections)  # not httpx
-
-
-def test_async_chunked_reply_is_read_and_the_connection_kept(fake_server, no_proxy_env):
-    srv = fake_server(not_found_chunked, answers=100)
-    assert async_missing_handles(srv.url, 3)[0] == ["UNKNOWN_HANDLE"] * 3
-    assert srv.connections == 1
-
-
-def test_async_connection_close_is_honoured(fake_server, no_proxy_env):
-    srv = fake_server(not_found, answers=1)  # says "connection: close", then closes
-    assert async_missing_handles(srv.url, 3)[0] == ["UNKNOWN_HANDLE"] * 3
-    assert srv.connections == 3
-
-
-def test_async_connection_the_server_closed_while_idle_is_not_used(fake_server, no_proxy_env):
-    srv = fake_server(not_found_kept_alive, answers=1)
-    exchanges = []
-    exchange = _http_async._exchange
-    no_proxy_env.setattr(_http_async, "_exchange", lambda conn, *a: exchanges.append(conn) or exchange(conn, *a))
-
-    async def main():
-        async with AsyncClient(srv.url) as c:
-            for i in range(3):
-                with pytest.raises(NotFoundError):
-                    await c.delete("h-" + "4" * 32)
-                idle = c._http._idle[0]
-                deadline = time.monotonic() + 5
-                while idle.still_open():  # until the loop has read the server's close
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.01)
-
-    asyncio.run(main())
-    assert srv.connections == 3 and len(srv.heads) == 3
-    assert len(set(exchanges)) == len(exchanges) == 3  # no request went to a closed connection
-
-
-def test_async_request_hung_up_on_goes_again_once(fake_server, no_proxy_env):
-    srv = fake_server(not_found_kept_alive, answers=1, hang_up="on_next_request")
-    no_proxy_env.setattr(_http_async._Connection, "still_open", lambda self: True)  # the close not yet seen
-    assert async_missing_handles(srv.url, 2)[0] == ["UNKNOWN_HANDLE"] * 2
-    assert srv.connections == 2
-    assert [h.split("\r\n")[0] for h in srv.heads] == [
-        f"DELETE /v1/tensors/h-{0:032d} HTTP/1.1", f"DELETE /v1/tensors/h-{1:032d} HTTP/1.1",
-        f"DELETE /v1/tensors/h-{1:032d} HTTP/1.1"]
-
-
-def test_async_new_connection_hung_up_on_is_not_retried(fake_server, no_proxy_env):
-    srv = fake_server(not_found_kept_alive, answers=0, hang_up="on_next_request")
-
-    async def main():
-        async with AsyncClient(srv.url) as c:
-            with pytest.raises(UnavailableError) as info:
-                await c.delete("h-" + "3" * 32)
-        return info.value
-
-    assert asyncio.run(main()).reason == "CONNECTION"
-    assert srv.connections == 1 and len(srv.heads) == 1
+    assert isinstance(connections(c), _http.Connections)  # not httpx
 
 
 @pytest.mark.parametrize("reply, timeout, error, reason", [
     (cut_short, None, UnavailableError, "CONNECTION"),
     (stalls, 0.5, DeadlineExceededError, "TIMEOUT"),
     (lambda conn: conn.sendall(b"SPDY/3 200 OK\r\n\r\n"), None, UnavailableError, "CONNECTION"),
-    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n"), None, UnavailableError, "CONNECTION"),
-    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\n"), None, UnavailableError,
-     "CONNECTION"),
     (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 << 10) + b"\r\n\r\n"), None,
      UnavailableError, "CONNECTION"),
     (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"), None,
      UnavailableError, "CONNECTION"),
-    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-5\r\nabc"), None,
-     UnavailableError, "CONNECTION"),
-    (lambda conn: conn.sendall(b"HTTP/1.1 \xb200 OK\r\n\r\n"), None, UnavailableError, "CONNECTION"),
-    (lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: \xb2\r\n\r\n"), None, UnavailableError,
-     "CONNECTION"),
 ])
 def test_async_broken_replies_are_errors(fake_server, no_proxy_env, reply, timeout, error, reason):
     srv = fake_server(reply)
@@ -421,7 +419,8 @@ def test_async_base_url_path_prefix_and_headers(fake_server, no_proxy_env):
     head = srv.heads[0].lower()
     assert head.startswith(f"delete /sparse/v1/tensors/h-{0:032d} http/1.1\r\n")
     port = srv.url.rsplit(":", 1)[1]
-    for line in (f"host: 127.0.0.1:{port}", "authorization: bearer t0k", "accept: application/x-protobuf"):
+    for line in (f"host: 127.0.0.1:{port}", "authorization: bearer t0k", "accept: application/x-protobuf",
+                 "x-request-timeout: 7.0"):
         assert f"\r\n{line}\r\n" in head
 
 
@@ -430,7 +429,7 @@ def test_async_header_injection_is_refused(fake_server, no_proxy_env):
 
     async def main():
         async with AsyncClient(srv.url) as c:
-            with pytest.raises(ValueError, match="invalid HTTP header"):
+            with pytest.raises(ValueError, match="[Ii]nvalid header"):
                 await c.call("reorder", sp_input=None, request_id="a\r\nx-evil: 1")
 
     asyncio.run(main())
@@ -444,7 +443,7 @@ def test_async_configured_proxy_is_used(fake_server, no_proxy_env):
     reasons, c = async_missing_handles(target, 2)
     assert reasons == ["UNKNOWN_HANDLE"] * 2
     assert all(h.startswith(f"DELETE {target}/v1/tensors/h-") for h in proxy.heads)
-    assert len(proxy.heads) == 2 and c._direct is None
+    assert len(proxy.heads) == 2 and isinstance(c._transport._blocking._session, httpx.Client)
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
@@ -457,7 +456,7 @@ def test_async_many_calls_in_flight_share_connections(server, no_proxy_env, enco
     async def main():
         async with AsyncClient(server.http_url, encoding=encoding) as c:
             results = await asyncio.gather(*(c.call("reorder", sp_input=t) for t in tensors))
-            return results, len(c._http._idle)
+            return results, len(connections(c)._idle)
 
     results, idle = asyncio.run(main())
     assert 1 <= idle <= _http._MAX_IDLE
@@ -468,23 +467,19 @@ def test_async_many_calls_in_flight_share_connections(server, no_proxy_env, enco
 
 
 def test_async_cancelled_call_leaves_a_working_client(server, no_proxy_env):
-    """A call cancelled mid-exchange drops its connection (half a reply would poison the
-    next call on it); the client's next calls are answered right."""
+    """A call cancelled while the server works on it (its thread finishes the exchange); the
+    client's next calls are answered right."""
     tensor = big_coo(24 << 20)
     small = big_coo(2400)
-    awaiting_reply = []
-    read_head = _http_async._read_head
-    no_proxy_env.setattr(_http_async, "_read_head", lambda reader: awaiting_reply.append(1) or read_head(reader))
 
     async def main():
         async with AsyncClient(server.http_url) as c:
             call = asyncio.ensure_future(c.call("reorder", sp_input=tensor))
-            while not awaiting_reply:  # the request is out; the server sorts a million entries
+            while not connections(c)._busy:  # the request is on its way; the server sorts a million entries
                 await asyncio.sleep(0.001)
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
-            assert c._http._idle == []  # its connection closed, not kept
             h = await c.put(tensor)  # its body as pieces, not joined
             back = await c.get(h)
             again = await c.call("reorder", sp_input=small)
@@ -497,9 +492,28 @@ def test_async_cancelled_call_leaves_a_working_client(server, no_proxy_env):
     np.testing.assert_array_equal(again.indices, small.indices[order])
 
 
+def test_async_call_given_up_on_ends_when_the_client_closes(fake_server, no_proxy_env):
+    """No timeout, a server that never answers, and a caller that stops waiting (wait_for):
+    closing the client cuts the connection, so its thread does not wait on for ever."""
+    never = threading.Event()
+    srv = fake_server(lambda conn: never.wait(60))
+
+    async def main():
+        c = AsyncClient(srv.url)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(c.delete("h-" + "0" * 32), 0.3)
+        await c.close()
+        return c
+
+    c = asyncio.run(main())
+    start = time.monotonic()
+    c._transport._workers.shutdown(wait=True)  # the thread is done
+    assert time.monotonic() - start < 5
+    never.set()
+
+
 def test_async_client_used_again_under_a_new_loop(server, no_proxy_env):
-    """Connections belong to the loop that made them: a client kept across ``asyncio.run``
-    calls opens new ones rather than touching the closed loop's."""
+    """A client kept across ``asyncio.run`` calls serves each of them."""
     small = big_coo(2400)
     c = AsyncClient(server.http_url)
     first = asyncio.run(c.call("reorder", sp_input=small))

@@ -1,0 +1,176 @@
+"""What ``Client`` and ``AsyncClient`` ask of a wire: the ``Transport`` interface (and its
+awaited twin, ``AsyncTransport``), and the ``Settings`` a transport is made from.
+
+A client parses its target into ``Settings``, picks a transport once (gRPC:
+``_transport_grpc``, REST: ``_transport_rest``) and from then on only calls it. A transport
+sends the SDK's values (tensors already converted: ``SparseTensor``, numpy arrays, handles),
+returns decoded Python values, and raises the SDK's errors (``sparseserve.errors``), each with
+the request id the server logged the call under (or a fresh one where it never answered).
+"""
+
+from __future__ import annotations
+
+import ssl
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeAlias
+
+import numpy as np
+
+from .core.codec import DEFAULT_CHUNK_BYTES
+from .core.errors import UnimplementedError
+from .core.tensor import SparseTensor
+
+__all__ = ["Settings", "Stored", "Transport", "AsyncTransport", "Catalogue", "Outputs", "Tensor", "Step",
+           "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_STREAM_ABOVE_BYTES", "shared_memory_refused"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+# Over gRPC, a call whose request passes this size goes by ExecuteStream: one 16 MB unary
+# request took 2-3 times as long as the same bytes in a stream of 1 MiB frames, while a
+# stream costs a small call 0.5 ms more than a unary one (so small requests stay unary,
+# even where the reply may be big).
+DEFAULT_STREAM_ABOVE_BYTES = 1 << 20
+
+# (device, op entries) of the server's catalogue, as ``GET /v1/ops`` has them.
+Catalogue: TypeAlias = tuple[str, list[dict[str, Any]]]
+# Named outputs in declared order; a kept one is a HandleRef, a list output a list.
+Outputs: TypeAlias = list[tuple[str, Any]]
+Tensor: TypeAlias = SparseTensor | np.ndarray
+# A pipeline step: (name, op, arguments).
+Step: TypeAlias = tuple[str, str, dict[str, Any]]
+
+
+class Stored(NamedTuple):
+    """A tensor the server now keeps: its handle and size."""
+
+    handle: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A client's target and options, checked: what a transport is made from."""
+
+    target: str
+    wire: str  # "grpc" or "rest"
+    address: str  # host:port (gRPC) or the base URL (REST)
+    tls: bool
+    ca_pem: bytes | None  # None: the system's roots
+    token: str | None = None
+    timeout: float | None = None
+    encoding: str = "protobuf"
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    stream_above_bytes: int = DEFAULT_STREAM_ABOVE_BYTES
+
+    @classmethod
+    def parse(cls, target: str, *, ca_file: str | None = None, **options: Any) -> "Settings":
+        """``host:port`` or ``grpc(s)://host:port`` speaks gRPC, ``http(s)://...`` REST; grpcs
+        and https use TLS, trusting ``ca_file`` (PEM) or the system's roots."""
+        if options.get("encoding", "protobuf") not in ("protobuf", "json"):
+            raise ValueError("encoding must be 'protobuf' or 'json'")
+        wire, address, tls = _split_target(target)
+        if ca_file is not None and not tls:
+            raise ValueError(f"ca_file is for TLS targets (grpcs://host:port or https://...); "
+                             f"{target!r} is plaintext")
+        ca_pem = _read_ca(ca_file) if ca_file is not None else None
+        return cls(target, wire, address, tls, ca_pem, **options)
+
+
+def _split_target(target: str) -> tuple[str, str, bool]:
+    """(wire, address, tls) of a target."""
+    if target.startswith(("http://", "https://")):
+        return "rest", target.rstrip("/"), target.startswith("https://")
+    for scheme in ("grpc://", "grpcs://"):
+        if target.startswith(scheme):
+            return "grpc", target[len(scheme):], scheme == "grpcs://"
+    return "grpc", target, False
+
+
+def _read_ca(ca_file: str) -> bytes:
+    """The PEM bytes of ``ca_file``, checked now so a bad file fails here, not at the first call."""
+    try:
+        with open(ca_file, "rb") as fh:
+            pem = fh.read()
+        ssl.create_default_context(cadata=pem.decode("ascii"))
+    except (OSError, ssl.SSLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"ca_file {ca_file!r} must be a readable PEM CA certificate: {exc}") from None
+    return pem
+
+
+def shared_memory_refused(target: str) -> UnimplementedError:
+    """The error of ``shared_memory=True`` on a wire without it."""
+    return UnimplementedError(
+        f"shared_memory=True needs the gRPC wire (a host:port target); {target} speaks REST",
+        reason="SHARED_MEMORY_NEEDS_GRPC")
+
+
+class Transport(ABC):
+    """One wire, blocking. Every method may raise a ``SparseServeError``."""
+
+    @abstractmethod
+    def list_ops(self) -> Catalogue:
+        """The server's catalogue."""
+
+    @abstractmethod
+    def execute(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None) -> Outputs:
+        """Run one op; ``request_id``: the caller's id for the call, or None for the server's."""
+
+    @abstractmethod
+    def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
+        """Run the steps in one request; the outputs named (none: the last step's)."""
+
+    @abstractmethod
+    def put(self, tensor: Tensor, partitions: int) -> Stored:
+        """Keep a tensor on the server (``partitions``: over that many Dask workers; 0: not)."""
+
+    @abstractmethod
+    def get(self, handle: str) -> Tensor:
+        """A kept tensor."""
+
+    @abstractmethod
+    def delete(self, handle: str) -> None:
+        """Free a kept tensor."""
+
+    @abstractmethod
+    def put_shared(self, tensor: Tensor) -> Stored:
+        """``put`` through a shared-memory segment (or ``shared_memory_refused``)."""
+
+    @abstractmethod
+    def get_shared(self, handle: str) -> Tensor:
+        """``get`` through a shared-memory segment (or ``shared_memory_refused``)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the connections."""
+
+
+class AsyncTransport(ABC):
+    """``Transport``'s methods, awaited."""
+
+    @abstractmethod
+    async def list_ops(self) -> Catalogue: ...
+
+    @abstractmethod
+    async def execute(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None) -> Outputs: ...
+
+    @abstractmethod
+    async def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs: ...
+
+    @abstractmethod
+    async def put(self, tensor: Tensor, partitions: int) -> Stored: ...
+
+    @abstractmethod
+    async def get(self, handle: str) -> Tensor: ...
+
+    @abstractmethod
+    async def delete(self, handle: str) -> None: ...
+
+    @abstractmethod
+    async def put_shared(self, tensor: Tensor) -> Stored: ...
+
+    @abstractmethod
+    async def get_shared(self, handle: str) -> Tensor: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...

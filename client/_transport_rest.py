@@ -1,0 +1,155 @@
+"""The REST transports: ``RestTransport``, blocking, and ``AsyncRestTransport``, which runs the
+blocking one's calls in worker threads.
+
+``RestTransport`` speaks through the standard library's keep-alive connections (``_http``:
+a quarter of httpx's client CPU per call, bodies read straight into their buffer) where they
+can go straight to the server, and through httpx where a proxy applies (httpx honours
+``HTTP(S)_PROXY``; ``http.client`` knows nothing of proxies). When a request goes again after
+a dropped connection: ``_http``'s docstring (idempotent methods, or a request the socket took
+none of).
+
+``AsyncRestTransport`` hands each call to ``asyncio.to_thread``: ``bench/rest_async.py``
+measured it against asyncio connections of our own on the same server, interleaved (the
+numbers and the decision: docs/sdk.md), and the thread costs a small call too little to keep
+an HTTP/1.1 reader of our own on asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+import httpx
+
+from . import _http, _wire
+from ._transport import (AsyncTransport, Catalogue, Outputs, Settings, Step, Stored, Tensor, Transport,
+                         shared_memory_refused)
+from .core.wire import REQUEST_ID_KEY
+
+__all__ = ["RestTransport", "AsyncRestTransport"]
+
+_T = TypeVar("_T")
+
+
+def _session(settings: Settings, headers: dict[str, str]) -> _http.Connections | httpx.Client:
+    """``_http``'s connections where no proxy applies to the server, else httpx's client; both
+    with the same TLS context (whether a proxy applies is read once, when httpx reads it)."""
+    if not settings.tls:
+        context = None
+    elif settings.ca_pem:
+        context = ssl.create_default_context(cadata=settings.ca_pem.decode("ascii"))
+    else:
+        context = httpx.create_ssl_context()
+    if _http.direct_route(settings.address):
+        return _http.Connections(settings.address, headers=headers, timeout=settings.timeout, context=context)
+    return httpx.Client(base_url=settings.address, timeout=settings.timeout, headers=headers,
+                        verify=context or True)
+
+
+class RestTransport(Transport):
+    """The blocking REST transport (protobuf or JSON bodies, as ``settings.encoding`` says)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._session = _session(settings, _wire.http_headers(settings.token, settings.encoding,
+                                                              settings.timeout))
+
+    def _request(self, method: str, path: str, *, request_id: str | None = None,
+                 **kwargs: Any) -> _http.Reply | httpx.Response:
+        """One exchange, answered with a status below 400, or the SDK error it stands for."""
+        if request_id is not None:
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), REQUEST_ID_KEY: request_id}
+        try:
+            response = self._session.request(method, path, **kwargs)
+        except (httpx.HTTPError, *_http.TRANSPORT_ERRORS) as exc:
+            raise _wire.transport_error(exc, request_id) from None
+        if response.status_code >= 400:
+            raise _wire.http_error(response.status_code, bytes(response.content),
+                                   response.headers.get(REQUEST_ID_KEY, request_id))
+        return response
+
+    def list_ops(self) -> Catalogue:
+        body = self._request("GET", "/v1/ops", headers={"accept": "application/json"}).json()
+        return body["device"], body["ops"]
+
+    def execute(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None) -> Outputs:
+        encoding = self.settings.encoding
+        response = self._request("POST", f"/v1/ops/{op}", request_id=request_id,
+                                 **_wire.rest_execute(op, args, keep, encoding))
+        return _wire.rest_outputs(response.content, encoding)
+
+    def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
+        encoding = self.settings.encoding
+        response = self._request("POST", "/v1/pipelines", **_wire.rest_pipeline(steps, outputs, keep, encoding))
+        return _wire.rest_outputs(response.content, encoding)
+
+    def put(self, tensor: Tensor, partitions: int) -> Stored:
+        body = self._request("POST", "/v1/tensors", **_wire.rest_put(tensor, self.settings.encoding, streamed=True,
+                                                                      partitions=partitions)).json()
+        return Stored(body["handle"], body["nbytes"])
+
+    def get(self, handle: str) -> Tensor:
+        response = self._request("GET", f"/v1/tensors/{handle}")
+        return _wire.decode_rest_tensor(response.content, response.headers.get("content-type", ""))
+
+    def delete(self, handle: str) -> None:
+        self._request("DELETE", f"/v1/tensors/{handle}")
+
+    def put_shared(self, tensor: Tensor) -> Stored:
+        raise shared_memory_refused(self.settings.target)
+
+    def get_shared(self, handle: str) -> Tensor:
+        raise shared_memory_refused(self.settings.target)
+
+    def close(self) -> None:
+        self._session.close()
+
+
+class AsyncRestTransport(AsyncTransport):
+    """``RestTransport``'s calls, each run in a worker thread.
+
+    The workers are the transport's own, one per connection ``_http`` keeps alive: the loop's
+    default executor (``asyncio.to_thread``'s) has min(32, CPUs + 4) threads, 6 on a 2-core
+    host, shared with the program's own calls, and would cap the calls in flight at that many
+    whatever the server's latency. A call cancelled while its thread waits on the server ends
+    when the thread does: at the reply, at ``settings.timeout``, or when the client closes
+    (which cuts the connections still carrying a request).
+    """
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._blocking = RestTransport(settings)
+        self._workers = ThreadPoolExecutor(_http._MAX_IDLE, thread_name_prefix="sparseserve-rest")
+
+    async def _in_thread(self, call: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._workers, call, *args)
+
+    async def list_ops(self) -> Catalogue:
+        return await self._in_thread(self._blocking.list_ops)
+
+    async def execute(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None) -> Outputs:
+        return await self._in_thread(self._blocking.execute, op, args, keep, request_id)
+
+    async def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
+        return await self._in_thread(self._blocking.run_pipeline, steps, outputs, keep)
+
+    async def put(self, tensor: Tensor, partitions: int) -> Stored:
+        return await self._in_thread(self._blocking.put, tensor, partitions)
+
+    async def get(self, handle: str) -> Tensor:
+        return await self._in_thread(self._blocking.get, handle)
+
+    async def delete(self, handle: str) -> None:
+        await self._in_thread(self._blocking.delete, handle)
+
+    async def put_shared(self, tensor: Tensor) -> Stored:
+        raise shared_memory_refused(self.settings.target)
+
+    async def get_shared(self, handle: str) -> Tensor:
+        raise shared_memory_refused(self.settings.target)
+
+    async def close(self) -> None:
+        self._blocking.close()
+        self._workers.shutdown(wait=False)
