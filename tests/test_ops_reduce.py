@@ -18,43 +18,21 @@ from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
 from sparseserve.core.convert import torch_to_tensor
 from sparseserve.kernels._parallel import PARALLEL_MIN
 from conftest import op_raises, run_op
+from helpers import assert_eq
+from strategies import coo_tensors, random_coo
 
 SETTINGS = settings(max_examples=50, deadline=None)
 SUM_DTYPES = ("int8", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64",
               "complex64", "complex128")
 MAX_DTYPES = ("int8", "int16", "int64", "uint16", "uint64", "float16", "float32", "float64")
 FLOAT_DTYPES = ("float16", "float32", "float64")
+# Sums in another order: float16 to 2e-3, the others to 1e-5, complex128 to 1e-12 (atol 1e-6).
+RTOL = {"float16": 2e-3, "float32": 1e-5, "float64": 1e-5, "complex64": 1e-5, "complex128": 1e-12}
 
 run, raises = run_op, op_raises
 
 
 # ================================================================ helpers
-def random_values(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    raw = rng.integers(0 if dtype.kind == "u" else -5, 6, size=shape)
-    if dtype.kind == "c":
-        return (raw + 1j * rng.integers(-5, 6, size=shape)).astype(dtype)
-    return (raw / 2).astype(dtype) if dtype.kind == "f" else raw.astype(dtype)
-
-
-@st.composite
-def sparse_tensors(draw, dtypes, min_dim=0, max_rank=5, shape=None, sparse_ndim=None):
-    if shape is None:
-        rank = draw(st.integers(1, max_rank))
-        shape = tuple(draw(st.lists(st.integers(min_dim, 4 if rank < 5 else 3), min_size=rank,
-                                    max_size=rank)))
-    rank = len(shape)
-    s = draw(st.integers(1, rank)) if sparse_ndim is None else sparse_ndim
-    dtype = draw(st.sampled_from(dtypes))
-    nnz = 0 if 0 in shape[:s] else draw(st.integers(0, 12))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    idx = np.stack([rng.integers(0, d, nnz) for d in shape[:s]], axis=1) if nnz else np.zeros((0, s))
-    if nnz > 2 and draw(st.booleans()):
-        idx[-1] = idx[0]  # a duplicate
-    return SparseTensor(indices=idx.astype(np.int64), values=random_values(rng, (nnz, *shape[s:]), dtype),
-                        dense_shape=shape)
-
-
 @st.composite
 def axes_for(draw, rank):
     """None, one int, or a list of distinct axes, each drawn as non-negative or negative."""
@@ -101,17 +79,6 @@ def reference_reduce(t: SparseTensor, op: str, axis, keepdims: bool) -> np.ndarr
     present = np.any(stored, axis=axes, keepdims=keepdims)
     best = np.max(np.where(stored, values, -np.inf), axis=axes, keepdims=keepdims, initial=-np.inf)
     return np.where(present, best, 0).astype(t.dtype)
-
-
-def assert_close(actual, expected):
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    if expected.dtype.kind in "fc":
-        rtol = 2e-3 if expected.dtype == np.float16 else 1e-5 if expected.dtype.itemsize <= 8 else 1e-12
-        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=1e-6, equal_nan=True)
-    else:
-        np.testing.assert_array_equal(actual, expected)
 
 
 def assert_coalesced(out: SparseTensor):
@@ -195,7 +162,7 @@ def check_sparse_result(out: SparseTensor, t: SparseTensor, op: str, axis, keepd
     expected = reference_reduce(t, op, axis, keepdims)
     assert isinstance(out, SparseTensor) and out.dtype == t.dtype and out.coalesced
     assert tuple(out.dense_shape) == expected.shape
-    assert_close(out.to_dense(), expected)
+    assert_eq(out.to_dense(), expected, rtol=RTOL, atol=1e-6)
     assert_coalesced(out)
     kept = [d for d in range(s) if d not in axes]
     empty_block = any(t.dense_shape[d] == 0 for d in axes if d >= s)
@@ -214,7 +181,7 @@ def check_sparse_result(out: SparseTensor, t: SparseTensor, op: str, axis, keepd
 @given(data=st.data(), op=st.sampled_from(["sum", "max"]), keepdims=st.booleans(),
        output_is_sparse=st.booleans())
 def test_reduce_matches_numpy(data, op, keepdims, output_is_sparse):
-    t = data.draw(sparse_tensors(SUM_DTYPES if op == "sum" else MAX_DTYPES))
+    t = data.draw(coo_tensors(SUM_DTYPES if op == "sum" else MAX_DTYPES))
     axis = data.draw(axes_for(len(t.dense_shape)))
     rank = len(t.dense_shape)
     if output_is_sparse and not keepdims and len(normalized(axis, rank)) == rank:
@@ -225,16 +192,16 @@ def test_reduce_matches_numpy(data, op, keepdims, output_is_sparse):
     if output_is_sparse:
         check_sparse_result(out, t, op, axis, keepdims)
     else:
-        assert_close(out, reference_reduce(t, op, axis, keepdims))
+        assert_eq(out, reference_reduce(t, op, axis, keepdims), rtol=RTOL, atol=1e-6)
 
 
 @SETTINGS
-@given(t=sparse_tensors(("int32", "float64"), min_dim=1))
+@given(t=coo_tensors(("int32", "float64"), min_dim=1))
 def test_reduce_nothing_combines_duplicates(t):
     # axis=[] reduces no dimension (TensorFlow, numpy): duplicates summed, or the largest kept.
-    assert_close(run("reduce_sum", sp_input=t, axis=[]), reference_reduce(t, "sum", [], False))
+    assert_eq(run("reduce_sum", sp_input=t, axis=[]), reference_reduce(t, "sum", [], False), rtol=RTOL, atol=1e-6)
     out = run("reduce_max", sp_input=t, axis=[], output_is_sparse=True)
-    assert_close(out.to_dense(), reference_reduce(t, "max", [], False))
+    assert_eq(out.to_dense(), reference_reduce(t, "max", [], False), rtol=RTOL, atol=1e-6)
     assert out.nnz == len({tuple(i) for i in t.indices.tolist()})
 
 
@@ -303,7 +270,7 @@ def test_reduce_result_bytes_declared():
 @SETTINGS
 @given(data=st.data(), log=st.booleans())
 def test_softmax_matches_torch(data, log):
-    t = data.draw(sparse_tensors(FLOAT_DTYPES, min_dim=1, max_rank=4))
+    t = data.draw(coo_tensors(FLOAT_DTYPES, min_dim=1, max_rank=4))
     axis = data.draw(st.integers(-len(t.dense_shape), len(t.dense_shape) - 1))
     name = "log_softmax" if log else "softmax"
     out = run(name, sp_input=t, axis=axis)
@@ -311,7 +278,7 @@ def test_softmax_matches_torch(data, log):
     expected = getattr(torch.sparse, name)(to_torch(t, compute), axis)
     assert out.dtype == t.dtype and out.coalesced and tuple(out.dense_shape) == tuple(t.dense_shape)
     np.testing.assert_array_equal(out.indices, expected.indices().numpy().T)
-    assert_close(out.values, expected.values().numpy().astype(t.dtype))
+    assert_eq(out.values, expected.values().numpy().astype(t.dtype), rtol=RTOL, atol=1e-6)
 
 
 def test_softmax_all_minus_inf_line_is_nan_like_torch():
@@ -335,15 +302,13 @@ def test_softmax_empty_and_duplicates():
 # ================================================================ properties: maximum / minimum
 @st.composite
 def operand_pairs(draw):
-    a = draw(sparse_tensors(MAX_DTYPES))
+    a = draw(coo_tensors(MAX_DTYPES))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     s, shape = a.sparse_ndim, a.dense_shape
     nnz = 0 if 0 in shape[:s] else draw(st.integers(0, 12))
-    idx = np.stack([rng.integers(0, d, nnz) for d in shape[:s]], axis=1) if nnz else np.zeros((0, s))
-    if nnz and a.nnz and draw(st.booleans()):
-        idx[0] = a.indices[0]  # a shared entry
-    b = SparseTensor(indices=idx.astype(np.int64), values=random_values(rng, (nnz, *shape[s:]), a.dtype),
-                     dense_shape=shape)
+    b = random_coo(rng, shape, nnz, a.dtype, s, repeat=False)
+    if b.nnz and a.nnz and draw(st.booleans()):
+        b.indices[0] = a.indices[0]  # a shared entry
     return a, b
 
 
@@ -360,7 +325,7 @@ def test_maximum_minimum_match_numpy(pair, take_max):
     s = a.sparse_ndim
     union = {tuple(i) for i in a.indices.tolist()} | {tuple(i) for i in b.indices.tolist()}
     assert {tuple(i) for i in out.indices.tolist()} == union
-    assert_close(out.to_dense(), fn(da, db).astype(a.dtype))
+    assert_eq(out.to_dense(), fn(da, db).astype(a.dtype), rtol=RTOL, atol=1e-6)
     assert out.indices.shape[1] == s
 
 
@@ -391,9 +356,9 @@ def test_compressed_layouts(kind):
     coo = torch_to_tensor(tt_coo)
     for op in ("reduce_sum", "reduce_max"):
         for axis in (None, 0, -1, [0, 1]):
-            assert_close(run(op, sp_input=t, axis=axis), run(op, sp_input=coo, axis=axis))
+            assert_eq(run(op, sp_input=t, axis=axis), run(op, sp_input=coo, axis=axis), rtol=RTOL, atol=1e-6)
         sparse = run(op, sp_input=t, axis=0, output_is_sparse=True)
-        assert_close(sparse.to_dense(), run(op, sp_input=coo, axis=0))
+        assert_eq(sparse.to_dense(), run(op, sp_input=coo, axis=0), rtol=RTOL, atol=1e-6)
     for name in ("softmax", "log_softmax"):
         out = run(name, sp_input=t, axis=sparse_dim - 1)
         expected = getattr(torch.sparse, name)(tt_coo, sparse_dim - 1)
@@ -424,11 +389,7 @@ def test_plain_csr_reduces_bit_for_bit_like_its_coo_form(index_dtype):
                             continue  # a scalar cannot be sparse (tested above)
                         args = dict(axis=axis, keepdims=keepdims, output_is_sparse=sparse_out)
                         got, want = run_op(op, sp_input=csr, **args), run_op(op, sp_input=coo, **args)
-                        if sparse_out:
-                            for a, b in zip(got.arrays(), want.arrays()):
-                                assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
-                        else:
-                            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+                        assert_eq(got, want, bitwise=True)
 
 
 # ================================================================ errors
@@ -493,9 +454,7 @@ def test_every_op_over_every_wire(client):
 
 # ================================================================ large inputs (parallel paths)
 def _large(rows, cols, n, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    idx = np.stack([rng.integers(0, rows, n), rng.integers(0, cols, n)], axis=1)
-    return SparseTensor(indices=idx, values=random_values(rng, n, dtype), dense_shape=[rows, cols])
+    return random_coo(np.random.default_rng(seed), (rows, cols), n, dtype, repeat=False)
 
 
 def _dense_of(t, op):
@@ -514,13 +473,13 @@ def test_large_reductions_take_parallel_paths(dtype):
         stored = np.zeros(t.dense_shape, bool)
         stored[tuple(t.indices.T)] = True
         for axis in (0, 1):
-            assert_close(run("reduce_sum", sp_input=t, axis=axis), sums.sum(axis=axis).astype(dtype))
+            assert_eq(run("reduce_sum", sp_input=t, axis=axis), sums.sum(axis=axis).astype(dtype), rtol=RTOL, atol=1e-6)
             expected_max = np.where(stored.any(axis=axis), best.max(axis=axis), 0).astype(dtype)
-            assert_close(run("reduce_max", sp_input=t, axis=axis), expected_max)
+            assert_eq(run("reduce_max", sp_input=t, axis=axis), expected_max, rtol=RTOL, atol=1e-6)
             out = run("reduce_max", sp_input=t, axis=axis, output_is_sparse=True)
             assert out.nnz == int(stored.any(axis=axis).sum())
-            assert_close(out.to_dense(), expected_max)
-        assert_close(run("reduce_sum", sp_input=t), np.asarray(sums.sum()).astype(dtype))
+            assert_eq(out.to_dense(), expected_max, rtol=RTOL, atol=1e-6)
+        assert_eq(run("reduce_sum", sp_input=t), np.asarray(sums.sum()).astype(dtype), rtol=RTOL, atol=1e-6)
 
 
 def test_large_softmax_and_maximum():
