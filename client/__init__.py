@@ -8,6 +8,7 @@
 
 from . import errors
 from ._client import AsyncClient, Client
+from ._malloc import keep_transfer_buffers
 from ._pipeline import Pipeline, PipelineStep
 from ._remote import RemoteTensor
 from .core.tensor import HandleRef, OutputRef, SparseTensor
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "AsyncClient", "SparseTensor", "RemoteTensor", "HandleRef", "OutputRef", "Pipeline",
-    "PipelineStep", "errors",
+    "PipelineStep", "errors", "keep_transfer_buffers",
     "SparseServeError", "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError",
     "UnauthenticatedError", "PermissionDeniedError", "UnimplementedError", "UnavailableError",
     "DeadlineExceededError", "InternalError",

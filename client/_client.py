@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from . import _malloc
 from ._ops import AsyncClientOps, ClientOps
 from ._pipeline import Pipeline
 from ._remote import RemoteTensor
@@ -101,7 +100,6 @@ class _Base:
                                         stream_above_bytes=stream_above_bytes)
         self._catalogue: dict[str, dict] | None = None
         self.device: str | None = None
-        _malloc.keep_transfer_buffers()  # once per process: see _malloc
 
     if TYPE_CHECKING:  # each client builds the method of an op from the server's catalogue its way
         def __getattr__(self, name: str) -> Any: ...

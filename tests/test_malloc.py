@@ -1,6 +1,6 @@
-"""The SDK keeps memory that a transfer frees (``sparseserve._malloc``): measured in fresh
-processes by the page faults of a thread that allocates and frees blocks as grpcio's
-receive path does, with and without a ``Client`` made first."""
+"""``sparseserve.keep_transfer_buffers()`` (``sparseserve._malloc``): glibc keeps the memory a
+transfer frees, for the process that opts in, and only for it. Measured in fresh processes by the
+page faults of a thread that allocates and frees blocks as grpcio's receive path does."""
 
 from __future__ import annotations
 
@@ -17,12 +17,21 @@ pytestmark = pytest.mark.skipif(_malloc._glibc_mallopt() is None, reason="mallop
 
 # A thread (its own arena, as grpcio's event-engine threads have) takes eight 1 MiB blocks,
 # writes them, frees them, 30 times; the faults after the first round are what reuse saves.
+# Modes: "bare" (nothing of the SDK), "clients" (a Client and an AsyncClient of each wire made,
+# no call), "opted-in" (keep_transfer_buffers() called).
 _CHURN = """
-import ctypes, json, resource, sys, threading
-if sys.argv[1] == "client":
-    from sparseserve import Client
-    Client("127.0.0.1:1")  # no call: making one is enough
+import asyncio, ctypes, json, resource, sys, threading
+import sparseserve
 from sparseserve import _malloc
+if sys.argv[1] == "clients":
+    for target in ("127.0.0.1:1", "http://127.0.0.1:1"):
+        sparseserve.Client(target).close()
+        async def make(target=target):
+            await sparseserve.AsyncClient(target).close()
+        asyncio.run(make())
+elif sys.argv[1] == "opted-in":
+    returned = sparseserve.keep_transfer_buffers()
+    assert sparseserve.keep_transfer_buffers() is returned  # once per process
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -51,19 +60,25 @@ def churn(mode: str, **env: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_a_client_keeps_freed_blocks_instead_of_faulting_them_in_again():
+def test_opting_in_keeps_freed_blocks_instead_of_faulting_them_in_again():
     without = churn("bare")
-    with_client = churn("client")
-    assert without["kept"] is None and with_client["kept"] is True
+    opted_in = churn("opted-in")
+    assert without["kept"] is None and opted_in["kept"] is True
     # glibc's own thresholds hand each round's 8 MiB back: every later round faults it in.
     assert without["faults"] > 29 * PAGES_PER_ROUND / 2, without
     # Kept, the blocks are reused: the rounds after the first cost next to nothing.
-    assert with_client["faults"] < PAGES_PER_ROUND, with_client
+    assert opted_in["faults"] < PAGES_PER_ROUND, opted_in
+
+
+def test_clients_leave_the_allocator_alone():
+    made = churn("clients")
+    assert made["kept"] is None  # never tried
+    assert made["faults"] > 29 * PAGES_PER_ROUND / 2, made
 
 
 def test_the_users_own_malloc_settings_are_left_alone():
     # glibc reads these at start-up: trimming everything, the churn faults every round, and
-    # the SDK, seeing the user's choice, does not override it.
-    chosen = churn("client", MALLOC_TRIM_THRESHOLD_="0")
+    # opting in, seeing the user's choice, does not override it.
+    chosen = churn("opted-in", MALLOC_TRIM_THRESHOLD_="0")
     assert chosen["kept"] is False
     assert chosen["faults"] > 29 * PAGES_PER_ROUND / 2, chosen
