@@ -19,7 +19,6 @@ import asyncio
 import os
 import subprocess
 import time
-import types
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -43,10 +42,10 @@ def async_connections() -> type:
     """``AsyncConnections`` of ``LOOP_MODULE``, as the package's module ``_http_async``."""
     source = subprocess.run(["git", "show", LOOP_MODULE], cwd=Path(__file__).resolve().parent, check=True,
                             capture_output=True, text=True).stdout
-    module = types.ModuleType("sparseserve._http_async")
-    module.__package__ = "sparseserve"  # its relative imports: _http's names, which keeps them
-    exec(compile(source, LOOP_MODULE, "exec"), module.__dict__)
-    return module.AsyncConnections
+    # Its relative imports take four names of today's _http, which keeps them.
+    namespace: dict[str, Any] = {"__name__": "sparseserve._http_async", "__package__": "sparseserve"}
+    exec(compile(source, LOOP_MODULE, "exec"), namespace)
+    return namespace["AsyncConnections"]
 
 
 class LoopTransport(AsyncRestTransport):
