@@ -9,9 +9,10 @@ the server assemble streams the same way.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from .dtypes import DTYPE_NAMES, check_supported
@@ -22,7 +23,8 @@ from ..v1 import sparseserve_pb2 as pb
 
 __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
            "value_from_pb", "array_bytes", "tensor_bytes", "value_bytes", "tensor_pieces", "tensor_to_bytes",
-           "tensor_from_bytes", "iter_chunks", "parse_chunk", "ChunkAssembler", "new_buffer", "DEFAULT_CHUNK_BYTES"]
+           "tensor_from_bytes", "iter_chunks", "parse_chunk", "ChunkAssembler", "new_buffer", "DEFAULT_CHUNK_BYTES",
+           "WireField", "wire_field", "WIRE_FIELDS"]
 
 # Chunks of the Upload/Download streams: each is copied twice on its way (framing, then
 # into gRPC), and at 1 MiB those copies stay in cache (4 MiB measured 10-20% slower).
@@ -31,6 +33,142 @@ _LAYOUT_TO_PB = {"coo": pb.COO, "csr": pb.CSR, "csc": pb.CSC, "bsr": pb.BSR, "bs
 _LAYOUT_FROM_PB = {v: k for k, v in _LAYOUT_TO_PB.items()} | {pb.LAYOUT_UNSPECIFIED: "coo"}
 _DTYPE_TO_PB = {name: pb.DType.Value(name.upper()) for name in DTYPE_NAMES}
 _WIRE_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in _DTYPE_TO_PB.items()}
+
+
+# ------------------------------------------------------------------ the wire format, by hand
+# The writers and readers below that handle protobuf bytes themselves (for speed: see the
+# sections that use them) name every field they touch through ``wire_field``, which reads its
+# number and wire type from the generated descriptors: nothing here copies a number from the
+# .proto. tests/test_wire_format.py holds their bytes to protobuf's own encoder and parser.
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5  # protobuf's wire types: the encoding's, not sparseserve.proto's
+_WIRE_TYPE_OF = {
+    **dict.fromkeys((FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+                     FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64,
+                     FieldDescriptor.TYPE_BOOL, FieldDescriptor.TYPE_ENUM), _VARINT),
+    **dict.fromkeys((FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_DOUBLE), _I64),
+    **dict.fromkeys((FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_FLOAT), _I32),
+    **dict.fromkeys((FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE), _LEN),
+}
+_UINT64 = (1 << 64) - 1
+# Most varints of a small message (tags, lengths under 128, dimensions) are one byte.
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
+
+
+def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int] | None:
+    """(value, position after it), or None when the bytes end inside it or it runs past 10 bytes."""
+    value = shift = 0
+    for i in range(pos, min(len(view), pos + 10)):
+        value |= (view[i] & 0x7F) << shift
+        if not view[i] & 0x80:
+            return value, i + 1
+        shift += 7
+    return None
+
+
+class WireField(NamedTuple):
+    """A field of a ``sparseserve.v1`` message as the hand-written path writes and reads it."""
+
+    number: int
+    wire_type: int
+    key: int  # number << 3 | wire_type: the varint that opens the field on the wire
+    tag: bytes  # that key, encoded
+
+
+# Every field the hand-written path writes or reads, by "Message.field" (``wire_field``'s path).
+WIRE_FIELDS: dict[str, WireField] = {}
+
+
+def wire_field(path: str) -> WireField:
+    """The field ``"Message.field"`` of ``sparseserve_pb2.DESCRIPTOR`` (``"Message.map.key"``:
+    a field of a map's entry), recorded in ``WIRE_FIELDS``."""
+    names = path.split(".")
+    message = pb.DESCRIPTOR.message_types_by_name[names[0]]
+    for name in names[1:-1]:
+        message = message.fields_by_name[name].message_type
+    field = message.fields_by_name[names[-1]]
+    # A packed repeated scalar is one length-delimited field (proto3 packs them by default).
+    wire_type = _LEN if field.is_packed else _WIRE_TYPE_OF[field.type]
+    key = field.number << 3 | wire_type
+    WIRE_FIELDS[path] = WireField(field.number, wire_type, key, _varint(key))
+    return WIRE_FIELDS[path]
+
+
+_TENSOR_SPARSE = wire_field("Tensor.sparse")
+_TENSOR_DENSE = wire_field("Tensor.dense")
+_TENSOR_HANDLE = wire_field("Tensor.handle")
+_SPARSE_LAYOUT = wire_field("SparseTensor.layout")
+_SPARSE_DENSE_SHAPE = wire_field("SparseTensor.dense_shape")
+_SPARSE_BLOCKSIZE = wire_field("SparseTensor.blocksize")
+_SPARSE_COALESCED = wire_field("SparseTensor.coalesced")
+# A SparseTensor's array fields, by the name of the attribute each holds.
+_SPARSE_ARRAYS = {name: wire_field(f"SparseTensor.{name}")
+                  for name in ("indices", "values", "compressed_indices", "plain_indices")}
+_ARRAY_DTYPE = wire_field("Array.dtype")
+_ARRAY_SHAPE = wire_field("Array.shape")
+_ARRAY_DATA = wire_field("Array.data")
+_ARRAY_PADDING = wire_field("Array.padding")
+_VALUE_TENSOR = wire_field("Value.tensor")
+_CHUNK_DATA = wire_field("TensorChunk.data")
+
+
+def iter_fields(view: memoryview) -> Iterator[tuple[int, int, int, int] | None]:
+    """The fields of a message, one pass: (key, start of the field, start of its value, end),
+    the key being ``WireField.key``'s number << 3 | wire type. Ends early with None for what a
+    fast path leaves to protobuf: groups and truncated bytes. A varint's value is left unread
+    (its bytes are view[body:stop])."""
+    pos, end = 0, len(view)
+    while pos < end:
+        tag = _read_varint(view, pos)
+        if tag is None:
+            yield None
+            return
+        key, body = tag
+        wire_type = key & 7
+        stop: int | None = None  # where the field ends; None where it cannot be found
+        if wire_type == _VARINT:
+            after = _read_varint(view, body)
+            stop = None if after is None else after[1]
+        elif wire_type == _I64:
+            stop = body + 8
+        elif wire_type == _I32:
+            stop = body + 4
+        elif wire_type == _LEN:
+            length = _read_varint(view, body)
+            if length is not None:
+                body, stop = length[1], length[1] + length[0]
+        if stop is None or stop > end:
+            yield None
+            return
+        yield key, pos, body, stop
+        pos = stop
+
+
+def _len_prefix(field: WireField, length: int) -> bytes:
+    """The tag and length of a length-delimited field (then its ``length`` bytes)."""
+    return field.tag + _varint(length)
+
+
+def _bytes_field(field: WireField, data: bytes) -> bytes:
+    """A length-delimited field, written even when empty (as a oneof member or a map entry's are)."""
+    return field.tag + _varint(len(data)) + data
+
+
+def _varint_field(field: WireField, value: int) -> bytes:
+    """A varint field; proto3 leaves a zero out."""
+    return field.tag + _varint(value & _UINT64) if value else b""
 
 
 # ------------------------------------------------------------------ arrays
@@ -157,33 +295,32 @@ def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | Han
 
 # ------------------------------------------------------------------ whole tensors as bytes
 # A REST body holds one ``Tensor`` message; at hundreds of megabytes, protobuf's own
-# encoding and decoding copy every array three times. These produce and read the same bytes
-# with the arrays spliced in and sliced out instead. Field numbers are sparseserve.proto's.
-_TENSOR_SPARSE, _TENSOR_DENSE, _TENSOR_HANDLE = 1, 2, 3
-_SPARSE_ARRAY_FIELDS = {3: "indices", 4: "values", 5: "compressed_indices", 6: "plain_indices"}
-_ARRAY_DATA, _ARRAY_PADDING = 3, 15
+# encoding and decoding copy every array three times. These produce and read the same
+# message with the arrays spliced in and sliced out instead.
+#
 # Array bytes start at a multiple of this from the message start, so a reader holding the
-# message in an aligned buffer uses them in place. Two padding fields around the data, of
-# 15 zero bytes together, keep every length independent of where the data lands.
+# message in an aligned buffer uses them in place. Two ``padding`` fields around the data, of
+# _ALIGN - 1 zero bytes together, keep every length independent of where the data lands.
 _ALIGN = 16
-_PADDING_TAG = _ARRAY_PADDING << 3 | 2
+_PADDING_HEAD = len(_ARRAY_PADDING.tag) + 1  # a padding field's tag and one-byte length
+_PADDING_BYTES = 2 * _PADDING_HEAD + _ALIGN - 1
 
 
-def _len_prefix(number: int, length: int) -> bytes:
-    """The tag and length of a length-delimited field (then its ``length`` bytes)."""
-    return _LEN_TAGS[number] + _varint(length)
+def _padding(n: int) -> bytes:
+    """A ``padding`` field of ``n`` < 128 zero bytes."""
+    return _ARRAY_PADDING.tag + bytes((n,)) + bytes(n)
 
 
 def _array_parts(a: np.ndarray) -> tuple[bytes, memoryview | None]:
     """An Array message's fields but the data (serialized), and its data (None when empty)."""
     a = _wire_array(a)
-    return _array_header(a).SerializeToString(), (memoryview(a).cast("B") if a.size else None)
+    return _array_header(a).SerializeToString(), (a.data.cast("B") if a.size else None)
 
 
 def _array_size(header: bytes, data: memoryview | None) -> int:
     if data is None:
         return len(header)
-    return len(header) + len(_len_prefix(_ARRAY_DATA, len(data))) + len(data) + 4 + _ALIGN - 1
+    return len(header) + len(_len_prefix(_ARRAY_DATA, len(data))) + len(data) + _PADDING_BYTES
 
 
 def tensor_pieces(t: Any, start: int = 0) -> list:
@@ -195,27 +332,24 @@ def tensor_pieces(t: Any, start: int = 0) -> list:
     if isinstance(t, SparseTensor):
         header = pb.SparseTensor(layout=_LAYOUT_TO_PB[t.layout], dense_shape=t.dense_shape,
                                  coalesced=t.coalesced, blocksize=t.blocksize or ())
-        names = ("indices", "values") if t.layout == "coo" else ("compressed_indices", "plain_indices", "values")
-        numbers = {name: number for number, name in _SPARSE_ARRAY_FIELDS.items()}
-        arrays = [(numbers[n], *_array_parts(getattr(t, n))) for n in names]
+        arrays = [(_SPARSE_ARRAYS[name], *_array_parts(getattr(t, name))) for name in _layout_arrays(t.layout)]
         head = header.SerializeToString()
-        body_size = len(head) + sum(len(_len_prefix(n, _array_size(h, d))) + _array_size(h, d)
-                                    for n, h, d in arrays)
+        body_size = len(head) + sum(len(_len_prefix(f, _array_size(h, d))) + _array_size(h, d)
+                                    for f, h, d in arrays)
         pieces: list = [_len_prefix(_TENSOR_SPARSE, body_size), head]
     else:
         arrays = [(_TENSOR_DENSE, *_array_parts(np.asarray(t)))]
         pieces = []
     position = start + sum(len(p) for p in pieces)
-    for number, head, data in arrays:
-        pieces += [_len_prefix(number, _array_size(head, data)), head]
+    for field, head, data in arrays:
+        pieces += [_len_prefix(field, _array_size(head, data)), head]
         position += len(pieces[-2]) + len(head)
         if data is None:
             continue
         data_prefix = _len_prefix(_ARRAY_DATA, len(data))
-        before = -(position + 2 + len(data_prefix)) % _ALIGN
-        pieces += [bytes((_PADDING_TAG, before)) + bytes(before), data_prefix, data,
-                   bytes((_PADDING_TAG, _ALIGN - 1 - before)) + bytes(_ALIGN - 1 - before)]
-        position += 4 + _ALIGN - 1 + len(data_prefix) + len(data)
+        before = -(position + _PADDING_HEAD + len(data_prefix)) % _ALIGN
+        pieces += [_padding(before), data_prefix, data, _padding(_ALIGN - 1 - before)]
+        position += _PADDING_BYTES + len(data_prefix) + len(data)
     return pieces
 
 
@@ -224,50 +358,21 @@ def tensor_to_bytes(t: Any) -> bytes:
     return b"".join(tensor_pieces(t))
 
 
-def iter_fields(view: memoryview) -> Iterator[tuple[int, int, int, int, int]] | None:
-    """The fields of a message, one pass: (number, wire type, start of the field, start of its
-    value, end). Ends early with None for what a fast path leaves to protobuf: groups and
-    truncated bytes. A varint's value is left unread (its bytes are view[body:stop])."""
-    pos, end = 0, len(view)
-    while pos < end:
-        tag = _read_varint(view, pos)
-        if tag is None:
-            yield None
-            return
-        key, body = tag
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            after = _read_varint(view, body)
-            stop = None if after is None else after[1]
-        elif wire == 1:
-            stop = body + 8
-        elif wire == 5:
-            stop = body + 4
-        elif wire == 2:
-            length = _read_varint(view, body)
-            body, stop = (None, None) if length is None else (length[1], length[1] + length[0])
-        else:
-            stop = None
-        if stop is None or stop > end:
-            yield None
-            return
-        yield number, wire, pos, body, stop
-        pos = stop
-
-
-def _split_fields(view: memoryview, numbers: set[int]) -> tuple[bytes, dict[int, memoryview]] | None:
-    """One pass over a message: (the bytes of every field not in ``numbers``, a view of each
-    length-delimited field in ``numbers``). None for what the fast path leaves to protobuf: a
-    field of ``numbers`` twice (protobuf merges those) or of another wire type, groups,
-    truncated bytes."""
+def _split_fields(view: memoryview, fields: Iterable[WireField]) -> tuple[bytes, dict[int, memoryview]] | None:
+    """One pass over a message: (the bytes of every field not among ``fields``, a view of the
+    value of each of ``fields`` found, by number). None for what the fast path leaves to
+    protobuf: one of ``fields`` twice (protobuf merges those) or with another wire type,
+    groups, truncated bytes."""
+    keys = {field.number: field.key for field in fields}
     rest: list[memoryview] = []
     found: dict[int, memoryview] = {}
     for field in iter_fields(view):
         if field is None:
             return None
-        number, wire, pos, body, stop = field
-        if number in numbers:
-            if wire != 2 or number in found:
+        key, pos, body, stop = field
+        number = key >> 3
+        if number in keys:
+            if key != keys[number] or number in found:
                 return None
             found[number] = view[body:stop]
         else:
@@ -276,13 +381,13 @@ def _split_fields(view: memoryview, numbers: set[int]) -> tuple[bytes, dict[int,
 
 
 def _array_from_view(view: memoryview, name: str) -> np.ndarray | None:
-    split = _split_fields(view, {_ARRAY_DATA})
+    split = _split_fields(view, (_ARRAY_DATA,))
     if split is None:
         return None
     rest, found = split
     msg = pb.Array.FromString(rest)
     dtype, shape, nbytes = _array_spec(msg, name)
-    data = found.get(_ARRAY_DATA, memoryview(b""))
+    data = found.get(_ARRAY_DATA.number, memoryview(b""))
     if len(data) != nbytes:
         raise InvalidArgumentError(
             f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
@@ -310,25 +415,24 @@ def tensor_from_bytes(body: bytes | bytearray | memoryview, name: str) -> Sparse
     return tensor_from_pb(msg, name)
 
 
-def _tensor_from_view(view: memoryview, name: str):
-    top = _split_fields(view, {_TENSOR_SPARSE, _TENSOR_DENSE})
+def _tensor_from_view(view: memoryview, name: str) -> SparseTensor | np.ndarray | None:
+    top = _split_fields(view, (_TENSOR_SPARSE, _TENSOR_DENSE))
     if top is None or len(top[1]) != 1 or top[0]:
         return None  # a handle, an empty message, both kinds, or unknown fields: protobuf decides
     (number, inner), = top[1].items()
-    if number == _TENSOR_DENSE:
+    if number == _TENSOR_DENSE.number:
         return _array_from_view(inner, name)
-    split = _split_fields(inner, set(_SPARSE_ARRAY_FIELDS))
+    split = _split_fields(inner, _SPARSE_ARRAYS.values())
     if split is None:
         return None
     rest, found = split
     header = pb.SparseTensor.FromString(rest)
     arrays = {}
-    for field in _sparse_fields(header):
-        number = next(n for n, f in _SPARSE_ARRAY_FIELDS.items() if f == field)
-        arr = _array_from_view(found.get(number, memoryview(b"")), f"{name}.{field}")
+    for attribute in _sparse_fields(header):
+        arr = _array_from_view(found.get(_SPARSE_ARRAYS[attribute].number, memoryview(b"")), f"{name}.{attribute}")
         if arr is None:
             return None
-        arrays[field] = arr
+        arrays[attribute] = arr
     return _sparse_from_arrays(header, arrays, name)
 
 
@@ -337,36 +441,6 @@ def _tensor_from_view(view: memoryview, name: str):
 # array, copied into its parent, then serialized) they were a fifth of the server's own time
 # on a 100-entry reorder; these write the same bytes directly (``tensor_to_pb(t)
 # .SerializeToString()`` byte for byte: fields in number order, proto3 defaults left out).
-_UINT64 = (1 << 64) - 1
-
-
-# Most varints of a small message (tags, lengths under 128, dimensions) are one byte.
-_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
-
-
-def _varint(n: int) -> bytes:
-    if 0 <= n < 0x80:
-        return _ONE_BYTE[n]
-    if n < 0x4000:
-        return bytes((n & 0x7F | 0x80, n >> 7))
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-# The tags of length-delimited fields 1-15, one byte each: sparseserve.proto numbers none higher.
-_LEN_TAGS = tuple(_varint(number << 3 | 2) for number in range(16))
-# An Array's shape and data, a Tensor's sparse: the tags array_bytes and tensor_bytes write.
-_SHAPE_TAG, _ARRAY_DATA_TAG, _SPARSE_TAG = _LEN_TAGS[2], _LEN_TAGS[_ARRAY_DATA], _LEN_TAGS[_TENSOR_SPARSE]
-
-
-def _varint_field(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value & _UINT64) if value else b""
-
-
 def _packed(values) -> bytes:
     """The payload of a packed repeated varint field (non-empty ``values``)."""
     if 0 <= min(values) and max(values) < 0x80:  # one byte each (shapes, mostly)
@@ -374,20 +448,17 @@ def _packed(values) -> bytes:
     return b"".join([_varint(v & _UINT64) for v in map(int, values)])
 
 
-def _packed_field(number: int, values) -> bytes:
+def _packed_field(field: WireField, values) -> bytes:
     if not len(values):
         return b""
     packed = _packed(values)
-    return _len_prefix(number, len(packed)) + packed
-
-
-def _bytes_field(number: int, data: bytes) -> bytes:
-    return _len_prefix(number, len(data)) + data
+    return _len_prefix(field, len(packed)) + packed
 
 
 # An Array's dtype field, serialized, by little-endian dtype: an array whose dtype is found
 # here goes out as it is.
-_DTYPE_FIELDS = {dtype: _varint_field(1, code) for code, dtype in _WIRE_DTYPES.items()}
+_DTYPE_FIELDS = {dtype: _varint_field(_ARRAY_DTYPE, code) for code, dtype in _WIRE_DTYPES.items()}
+_SHAPE_TAG, _ARRAY_DATA_TAG = _ARRAY_SHAPE.tag, _ARRAY_DATA.tag
 
 
 def array_bytes(a: np.ndarray) -> bytes:
@@ -410,6 +481,15 @@ def array_bytes(a: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+# Per layout: its serialized layout field, and its arrays' (field, attribute) in number order.
+_LAYOUT_FIELDS = {
+    layout: (_varint_field(_SPARSE_LAYOUT, code),
+             tuple(sorted(((_SPARSE_ARRAYS[name], name) for name in _layout_arrays(layout)),
+                          key=lambda pair: pair[0].number)))
+    for layout, code in _LAYOUT_TO_PB.items()}
+_COALESCED = _varint_field(_SPARSE_COALESCED, 1)  # true
+
+
 def tensor_bytes(t: Any) -> bytes:
     """The serialized ``Tensor`` message of ``t`` (``tensor_to_pb``'s, without the messages)."""
     if isinstance(t, HandleRef):
@@ -417,30 +497,21 @@ def tensor_bytes(t: Any) -> bytes:
     if not isinstance(t, SparseTensor):
         return _bytes_field(_TENSOR_DENSE, array_bytes(np.asarray(t)))
     layout_field, array_fields = _LAYOUT_FIELDS[t.layout]
-    parts = [layout_field, _packed_field(2, t.dense_shape)]
-    for number, name in array_fields:
-        array = array_bytes(getattr(t, name))
-        parts += (_LEN_TAGS[number], _varint(len(array)), array)
+    parts = [layout_field, _packed_field(_SPARSE_DENSE_SHAPE, t.dense_shape)]
+    for field, attribute in array_fields:
+        array = array_bytes(getattr(t, attribute))
+        parts += (field.tag, _varint(len(array)), array)
     if t.blocksize:
-        parts.append(_packed_field(7, t.blocksize))
+        parts.append(_packed_field(_SPARSE_BLOCKSIZE, t.blocksize))
     if t.coalesced:
         parts.append(_COALESCED)
-    body = b"".join(parts)
-    return b"".join((_SPARSE_TAG, _varint(len(body)), body))
-
-
-# Per layout: its serialized layout field, and its arrays' (field number, attribute) in number order.
-_LAYOUT_FIELDS = {
-    layout: (_varint_field(1, code),
-             tuple((n, f) for n, f in sorted(_SPARSE_ARRAY_FIELDS.items()) if f in _layout_arrays(layout)))
-    for layout, code in _LAYOUT_TO_PB.items()}
-_COALESCED = _varint_field(8, 1)
+    return _bytes_field(_TENSOR_SPARSE, b"".join(parts))
 
 
 def value_bytes(v: Any) -> bytes:
     """The serialized ``Value`` message of an argument: tensors by hand, the rest by protobuf."""
     if isinstance(v, (SparseTensor, HandleRef, np.ndarray)):
-        return _bytes_field(1, tensor_bytes(v))
+        return _bytes_field(_VALUE_TENSOR, tensor_bytes(v))
     return value_to_pb(v).SerializeToString()
 
 
@@ -486,21 +557,6 @@ def value_from_pb(msg: pb.Value, name: str) -> Any:
 
 
 # ------------------------------------------------------------------ chunked streams
-# TensorChunk.data is field 2, length-delimited: its tag byte is (2 << 3) | 2.
-_DATA_TAG = 0x12
-
-
-def _read_varint(view: memoryview, pos: int) -> tuple[int, int] | None:
-    """(value, position after it), or None when the bytes end inside it or it runs past 10 bytes."""
-    value = shift = 0
-    for i in range(pos, min(len(view), pos + 10)):
-        value |= (view[i] & 0x7F) << shift
-        if not view[i] & 0x80:
-            return value, i + 1
-        shift += 7
-    return None
-
-
 def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     """The ``TensorChunk`` stream of a tensor, serialized: a header, then the array bytes back
     to back.
@@ -511,18 +567,19 @@ def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_B
     yield pb.TensorChunk(header=tensor_to_pb(t, with_data=False)).SerializeToString()
     arrays = t.arrays() if isinstance(t, SparseTensor) else (t,)
     for a in arrays:
-        flat = memoryview(_wire_array(a)).cast("B") if a.size else memoryview(b"")
+        flat = _wire_array(a).data.cast("B") if a.size else memoryview(b"")
         for start in range(0, len(flat), chunk_bytes):
             piece = flat[start:start + chunk_bytes]
-            yield b"".join((bytes((_DATA_TAG,)) + _varint(len(piece)), piece))
+            yield b"".join((_len_prefix(_CHUNK_DATA, len(piece)), piece))
 
 
 def parse_chunk(frame: bytes | memoryview) -> pb.TensorChunk | memoryview:
     """A serialized ``TensorChunk``: a data-only message as a view of its bytes (no copy),
     any other message parsed by protobuf."""
     view = memoryview(frame)
-    if len(view) and view[0] == _DATA_TAG:
-        length = _read_varint(view, 1)
+    key = _read_varint(view, 0)
+    if key is not None and key[0] == _CHUNK_DATA.key:
+        length = _read_varint(view, key[1])
         if length is not None and length[1] + length[0] == len(view):
             return view[length[1]:]
     try:
@@ -630,7 +687,7 @@ class ChunkAssembler:
                 f"{self.name}: the stream ended after {received} of the {self.total_bytes} bytes "
                 "its header announces", reason="BUFFER_LENGTH")
         arrays = {field: _view(buf, dtype, shape)
-                  for (field, dtype, shape), buf in zip(self._specs, self._buffers)}
+                  for (field, dtype, shape), buf in zip(self._specs, self._buffers, strict=True)}
         if self._header.WhichOneof("kind") == "dense":
             return arrays["data"]
         return _sparse_from_arrays(self._header.sparse, arrays, self.name)

@@ -14,50 +14,63 @@ apart goes to protobuf whole.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from .codec import (DEFAULT_CHUNK_BYTES, _bytes_field, _len_prefix, _read_varint, _varint, iter_fields,
-                     new_buffer, tensor_bytes, tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes,
-                     value_from_pb)
+from .codec import (DEFAULT_CHUNK_BYTES, WireField, _bytes_field, _len_prefix, _read_varint, _varint_field, iter_fields,
+                    new_buffer, tensor_bytes, tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes,
+                    value_from_pb, wire_field)
 from .tensor import SparseTensor
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from ..v1 import sparseserve_pb2 as pb
 
 __all__ = ["FRAME_BYTES", "execute_request_pieces", "execute_request_bytes", "execute_request_from_bytes",
-           "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "flat_outputs", "grouped_outputs", "message_frames", "MessageAssembler",
-           "assemble_message"]
+           "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "flat_outputs", "grouped_outputs",
+           "message_frames", "MessageAssembler", "assemble_message"]
 
 FRAME_BYTES = 64 << 10
 
-# Field numbers of sparseserve.proto.
-_REQUEST_OP, _REQUEST_ARGS, _REQUEST_KEEP = 1, 2, 3
-_ENTRY_KEY, _ENTRY_VALUE = 1, 2  # a map<string, Value> entry
-_VALUE_TENSOR = 1
-_RESPONSE_OUTPUTS, _NAMED_NAME, _NAMED_TENSOR = 1, 1, 2
-_FRAME_TOTAL, _FRAME_DATA = 1, 2  # MessageFrame
+# The fields written and read here, from the generated descriptors (``codec.wire_field``).
+_REQUEST_OP = wire_field("ExecuteRequest.op")
+_REQUEST_ARGS = wire_field("ExecuteRequest.args")
+_REQUEST_KEEP = wire_field("ExecuteRequest.keep")
+_ARG_NAME = wire_field("ExecuteRequest.args.key")  # a map<string, Value> entry
+_ARG_VALUE = wire_field("ExecuteRequest.args.value")
+_VALUE_TENSOR = wire_field("Value.tensor")
+_RESPONSE_OUTPUTS = wire_field("ExecuteResponse.outputs")
+_OUTPUT_NAME = wire_field("NamedTensor.name")
+_OUTPUT_TENSOR = wire_field("NamedTensor.tensor")
+_FRAME_TOTAL_BYTES = wire_field("MessageFrame.total_bytes")
+_FRAME_DATA = wire_field("MessageFrame.data")
+
+_KEEP = _varint_field(_REQUEST_KEEP, 1)  # true
 
 
-def _string_field(number: int, text: str) -> bytes:
-    return _bytes_field(number, text.encode())
-
-
-_KEEP = bytes((_REQUEST_KEEP << 3, 1))
+def _string_field(field: WireField, text: str) -> bytes:
+    """A string field that proto3 leaves out when empty."""
+    return _bytes_field(field, text.encode()) if text else b""
 
 
 def _named_tensor(name: str, value: Any) -> bytes:
     """A serialized ``NamedTensor``."""
-    return _string_field(_NAMED_NAME, name) + _bytes_field(_NAMED_TENSOR, tensor_bytes(value))
+    return _string_field(_OUTPUT_NAME, name) + _bytes_field(_OUTPUT_TENSOR, tensor_bytes(value))
 
 
-def _nested(number: int, head: bytes, inner: Callable[[int], list], start: int) -> list:
-    """Field ``number`` holding ``head`` then ``inner(offset)``, framed for where it lands at
+def _arg_entry(name: str, value: bytes) -> bytes:
+    """A serialized entry of the ``args`` map: protobuf writes a map entry's key and value even
+    when empty."""
+    return _bytes_field(_ARG_NAME, name.encode()) + _bytes_field(_ARG_VALUE, value)
+
+
+def _nested(field: WireField, head: bytes, inner: Callable[[int], list], start: int) -> list:
+    """``field`` holding ``head`` then ``inner(offset)``, framed for where it lands at
     ``start``: ``inner`` lays out its arrays from ``offset``, and its size must not depend
     on it (as ``tensor_pieces``'s does not)."""
     size = len(head) + sum(len(p) for p in inner(0))
-    prefix = _len_prefix(number, size) + head
+    prefix = _len_prefix(field, size) + head
     return [prefix, *inner(start + len(prefix))]
 
 
@@ -70,7 +83,7 @@ def _value_pieces(v: Any, start: int) -> list:
     if _is_big_tensor(v):
         if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
             v = np.ascontiguousarray(v)  # once, not at each framing
-        return _nested(_VALUE_TENSOR, b"", lambda offset: tensor_pieces(v, offset), start)
+        return _nested(_VALUE_TENSOR, b"", partial(tensor_pieces, v), start)
     return [value_bytes(v)]
 
 
@@ -78,17 +91,13 @@ def execute_request_pieces(op: str, args: dict[str, Any], keep: bool) -> list:
     """A serialized ``ExecuteRequest`` as pieces to send back to back (``execute_request_bytes``
     joins them)."""
     if not any(_is_big_tensor(v) for v in args.values()):
-        entries = [_string_field(_ENTRY_KEY, key) + _bytes_field(_ENTRY_VALUE, value_bytes(value))
-                   for key, value in args.items()]
-        return [b"".join((_string_field(_REQUEST_OP, op), *[_bytes_field(_REQUEST_ARGS, e) for e in entries],
-                          _KEEP if keep else b""))]
+        entries = [_bytes_field(_REQUEST_ARGS, _arg_entry(key, value_bytes(value))) for key, value in args.items()]
+        return [b"".join((_string_field(_REQUEST_OP, op), *entries, _KEEP if keep else b""))]
     pieces = [_string_field(_REQUEST_OP, op)]
     position = len(pieces[0])
     for key, value in args.items():
-        entry = _nested(_REQUEST_ARGS, _string_field(_ENTRY_KEY, key),
-                        lambda offset, value=value: _nested(_ENTRY_VALUE, b"",
-                                                            lambda o: _value_pieces(value, o), offset),
-                        position)
+        entry = _nested(_REQUEST_ARGS, _bytes_field(_ARG_NAME, key.encode()),
+                        partial(_nested, _ARG_VALUE, b"", partial(_value_pieces, value)), position)
         pieces += entry
         position += sum(len(p) for p in entry)
     if keep:
@@ -156,10 +165,8 @@ def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
     position = 0
     for name, value in outputs:
         if _is_big_tensor(value):
-            named = _nested(_RESPONSE_OUTPUTS, _string_field(_NAMED_NAME, name),
-                            lambda offset, value=value: _nested(_NAMED_TENSOR, b"",
-                                                                lambda o: tensor_pieces(value, o), offset),
-                            position)
+            named = _nested(_RESPONSE_OUTPUTS, _string_field(_OUTPUT_NAME, name),
+                            partial(_nested, _OUTPUT_TENSOR, b"", partial(tensor_pieces, value)), position)
         else:
             body = _named_tensor(name, value)
             named = [_len_prefix(_RESPONSE_OUTPUTS, len(body)), body]
@@ -174,48 +181,51 @@ def outputs_to_bytes(outputs: list[tuple[str, Any]]) -> bytes:
 
 
 # ------------------------------------------------------------------ reading
-def _fields(view: memoryview) -> list[tuple[int, int, memoryview]]:
-    """(number, wire type, value bytes) of each field; DecodeError where protobuf should judge."""
+def _fields(view: memoryview) -> list[tuple[int, memoryview]]:
+    """(key, value bytes) of each field; DecodeError where protobuf should judge."""
     out = []
     for field in iter_fields(view):
         if field is None:
             raise DecodeError("not a message this reader takes apart")
-        number, wire, _, body, stop = field
-        out.append((number, wire, view[body:stop]))
+        key, _, body, stop = field
+        out.append((key, view[body:stop]))
     return out
 
 
 def _varint_value(raw: memoryview) -> int:
-    return _read_varint(raw, 0)[0]
+    """The value of a varint field that ``iter_fields`` has found whole."""
+    value = _read_varint(raw, 0)
+    assert value is not None
+    return value[0]
 
 
 def _value_from_view(view: memoryview, name: str) -> Any:
     fields = _fields(view)
-    if len(fields) == 1 and fields[0][:2] == (_VALUE_TENSOR, 2):
-        return tensor_from_bytes(fields[0][2], name)
+    if len(fields) == 1 and fields[0][0] == _VALUE_TENSOR.key:
+        return tensor_from_bytes(fields[0][1], name)
     return value_from_pb(pb.Value.FromString(view), name)
 
 
 def _request_from_view(view: memoryview) -> tuple[str, dict[str, Any], bool]:
     op, args, keep = "", {}, False
-    for number, wire, raw in _fields(view):
-        if (number, wire) == (_REQUEST_OP, 2):
+    for key, raw in _fields(view):
+        if key == _REQUEST_OP.key:
             op = str(raw, "utf-8")
-        elif (number, wire) == (_REQUEST_ARGS, 2):
-            key, value = "", None
-            for n, w, part in _fields(raw):
-                if (n, w) == (_ENTRY_KEY, 2):
-                    key = str(part, "utf-8")
-                elif (n, w) == (_ENTRY_VALUE, 2):
+        elif key == _REQUEST_ARGS.key:
+            name, value = "", None
+            for entry_key, part in _fields(raw):
+                if entry_key == _ARG_NAME.key:
+                    name = str(part, "utf-8")
+                elif entry_key == _ARG_VALUE.key:
                     value = part
                 else:
                     raise DecodeError("an unexpected field in a map entry")
-            args[key] = value  # a repeated key: the last one counts, as in protobuf
-        elif (number, wire) == (_REQUEST_KEEP, 0):
+            args[name] = value  # a repeated name: the last one counts, as in protobuf
+        elif key == _REQUEST_KEEP.key:
             keep = bool(_varint_value(raw))
         else:
             raise DecodeError("a field this reader leaves to protobuf")
-    return op, {key: None if raw is None else _value_from_view(raw, key) for key, raw in args.items()}, keep
+    return op, {name: None if raw is None else _value_from_view(raw, name) for name, raw in args.items()}, keep
 
 
 def execute_request_from_bytes(body: bytes) -> tuple[str, dict[str, Any], bool]:
@@ -251,14 +261,14 @@ def _outputs_from_view(view: memoryview) -> list[tuple[str, Any]] | None:
     """``outputs_from_bytes`` slicing the arrays out; None when it leaves the message to protobuf."""
     try:
         outputs = []
-        for number, wire, raw in _fields(view):
-            if (number, wire) != (_RESPONSE_OUTPUTS, 2):
+        for key, raw in _fields(view):
+            if key != _RESPONSE_OUTPUTS.key:
                 raise DecodeError("a field this reader leaves to protobuf")
             name, tensor = "", None
-            for n, w, part in _fields(raw):
-                if (n, w) == (_NAMED_NAME, 2):
+            for output_key, part in _fields(raw):
+                if output_key == _OUTPUT_NAME.key:
                     name = str(part, "utf-8")
-                elif (n, w) == (_NAMED_TENSOR, 2):
+                elif output_key == _OUTPUT_TENSOR.key:
                     tensor = part
                 else:
                     raise DecodeError("an unexpected field in an output")
@@ -272,7 +282,11 @@ def _outputs_from_view(view: memoryview) -> list[tuple[str, Any]] | None:
 def message_frames(pieces: list, frame_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     """The serialized ``MessageFrame`` stream of a message given as pieces: each frame joins
     its slice of the pieces (one copy); the first also says the whole message's size."""
-    head = _varint(_FRAME_TOTAL << 3) + _varint(sum(len(p) for p in pieces))
+    total = sum(len(p) for p in pieces)
+    if not total:  # an empty message: one frame, as empty as protobuf writes it
+        yield b""
+        return
+    head = _varint_field(_FRAME_TOTAL_BYTES, total)
     batch: list = []
     size = 0
     for piece in pieces:
@@ -285,7 +299,7 @@ def message_frames(pieces: list, frame_bytes: int = DEFAULT_CHUNK_BYTES) -> Iter
             if size == frame_bytes:
                 yield b"".join((head, _len_prefix(_FRAME_DATA, size), *batch))
                 head, batch, size = b"", [], 0
-    if batch or head:
+    if batch:
         yield b"".join((head, _len_prefix(_FRAME_DATA, size), *batch))
 
 
@@ -313,33 +327,35 @@ class MessageAssembler:
         for field in iter_fields(view):
             if field is None:
                 raise _bad_stream(f"{self.name}: a MessageFrame of the stream is not a valid message")
-            number, wire, _, body, stop = field
-            if (number, wire) == (_FRAME_TOTAL, 0) and total is None:
-                total = _read_varint(view, body)[0]
-            elif (number, wire) == (_FRAME_DATA, 2) and data is None:
+            key, _, body, stop = field
+            if key == _FRAME_TOTAL_BYTES.key and total is None:
+                total = _varint_value(view[body:stop])
+            elif key == _FRAME_DATA.key and data is None:
                 data = view[body:stop]
             else:
                 raise _bad_stream(f"{self.name}: a MessageFrame carries total_bytes and data once each, "
-                                  f"not field {number} (wire type {wire})")
-        if self._buffer is None:
-            self._start(total or 0)  # proto3 leaves a zero size out
+                                  f"not field {key >> 3} (wire type {key & 7})")
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = self._start(total or 0)  # proto3 leaves a zero size out
         elif total:
             raise _bad_stream(f"{self.name}: only the first MessageFrame says total_bytes")
         if data is not None and len(data):
-            if self._filled + len(data) > self._buffer.size:
-                raise InvalidArgumentError(f"{self.name}: the stream sends more than the {self._buffer.size} "
+            if self._filled + len(data) > buffer.size:
+                raise InvalidArgumentError(f"{self.name}: the stream sends more than the {buffer.size} "
                                            "bytes its first frame announces", reason="BUFFER_LENGTH")
-            self._buffer[self._filled:self._filled + len(data)] = np.frombuffer(data, np.uint8)
+            buffer[self._filled:self._filled + len(data)] = np.frombuffer(data, np.uint8)
             self._filled += len(data)
 
-    def _start(self, total: int) -> None:
+    def _start(self, total: int) -> np.ndarray:
+        """The buffer of a message of ``total`` bytes, once the size has passed the limit."""
         if total >= 1 << 63:
             raise _bad_stream(f"{self.name}: total_bytes is negative")
         if self.max_bytes is not None and total > self.max_bytes:
             raise ResourceExhaustedError(f"{self.name}: the message has {total} bytes, over the limit of "
                                          f"{self.max_bytes} bytes (--max-request-bytes)",
                                          reason="REQUEST_TOO_LARGE")
-        self._buffer = self._allocate(total)
+        return self._allocate(total)
 
     def finish(self) -> memoryview:
         if self._buffer is None:
@@ -349,7 +365,7 @@ class MessageAssembler:
                                        f"{self._buffer.size} bytes its first frame announces",
                                        reason="BUFFER_LENGTH")
         self._buffer.flags.writeable = False
-        return memoryview(self._buffer)
+        return self._buffer.data
 
 
 def assemble_message(frames: Iterable[bytes], name: str, max_bytes: int | None = None) -> memoryview:
