@@ -156,16 +156,18 @@ def random_compressed(rng: np.random.Generator, layout: str, shape, nse: int | N
 def coo_tensors(draw, dtypes=DTYPES, *, min_rank: int = 1, max_rank: int = 5, shape=None,
                 sparse_ndim: int | None = None, hybrid: bool = True, duplicates: bool = True,
                 unsorted: bool = True, coalesced: bool | None = False, max_nnz: int = 12, min_dim: int = 0,
-                values: dict | None = None) -> SparseTensor:
-    """COO tensors of rank ``min_rank``..``max_rank`` (dimensions up to 4, 3 at rank 5; empty ones
-    unless ``min_dim``) or of ``shape``, with any of ``dtypes`` and up to ``max_nnz`` entries;
-    hybrid (dense trailing dimensions) unless ``hybrid=False`` or ``sparse_ndim`` is given;
-    repeated indices when ``duplicates`` (sometimes a forced repeat), unsorted when ``unsorted``
-    (each sometimes); ``coalesced``: True draws coalesced tensors (distinct, sorted, flagged),
-    None either kind. ``values``: keyword arguments of ``random_values``."""
+                max_dim: int | None = None, values: dict | None = None) -> SparseTensor:
+    """COO tensors of rank ``min_rank``..``max_rank`` (dimensions up to ``max_dim``, by default 4
+    and 3 at rank 5; empty ones unless ``min_dim``) or of ``shape``, with any of ``dtypes`` and up
+    to ``max_nnz`` entries; hybrid (dense trailing dimensions) unless ``hybrid=False`` or
+    ``sparse_ndim`` is given; repeated indices when ``duplicates`` (sometimes a forced repeat),
+    unsorted when ``unsorted`` (each sometimes); ``coalesced``: True draws coalesced tensors
+    (distinct, sorted, flagged), None either kind. ``values``: keyword arguments of
+    ``random_values``."""
     if shape is None:
         rank = draw(st.integers(min_rank, max_rank))
-        shape = tuple(draw(st.lists(st.integers(min_dim, 4 if rank < 5 else 3), min_size=rank, max_size=rank)))
+        top = max_dim if max_dim is not None else 4 if rank < 5 else 3
+        shape = tuple(draw(st.lists(st.integers(min_dim, top), min_size=rank, max_size=rank)))
     rank = len(shape)
     if sparse_ndim is None:
         sparse_ndim = draw(st.integers(1, rank)) if hybrid else rank

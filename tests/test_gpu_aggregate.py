@@ -14,13 +14,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import assert_eq
 from sparseserve import SparseTensor
 from sparseserve.errors import SparseServeError
 from sparseserve.kernels._parallel import PARALLEL_MIN
 from sparseserve.server.device import ArrayBackend
 from sparseserve.server.ops import REGISTRY
+from strategies import random_compressed, random_coo
 
 REDUCES = ("sum", "mean", "amax", "amin")
+VALUES = {"low": -6, "high": 6}  # halves -3..3
+# Sums run in another order on the device: float32 and complex64 agree to 2e-5, the others to 1e-12.
+TOL = {"float16": 1e-12, "float32": 2e-5, "complex64": 2e-5, "float64": 1e-12, "complex128": 1e-12}
 OP = REGISTRY.get("mm")
 
 
@@ -50,10 +55,7 @@ class Runs:
         assert not self.fallbacks, f"mm fell back: {self.fallbacks}"
         assert not isinstance(want, Exception), f"the CPU kernel raised {want!r}"
         assert not isinstance(got, Exception), f"the GPU kernel raised {got!r}"
-        got = np.asarray(got)
-        assert got.dtype == want.dtype and got.shape == want.shape
-        tol = 2e-5 if want.dtype == np.float32 or want.dtype == np.complex64 else 1e-12
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+        assert_eq(got, want, rtol=TOL, atol=TOL)
         return got
 
     def falls_back(self, reason: str, **args):
@@ -62,7 +64,7 @@ class Runs:
         if isinstance(want, Exception):
             assert type(got) is type(want) and got.reason == want.reason, (got, want)
         else:
-            np.testing.assert_array_equal(np.asarray(got), want)
+            assert_eq(got, want, exact=True)
 
 
 @pytest.fixture
@@ -72,15 +74,10 @@ def runs(array_backend) -> Runs:
 
 def messy_coo(rng, shape, nnz, dtype) -> SparseTensor:
     """Random order, repeated indices, an explicit zero."""
-    m, n = shape
-    nnz = nnz if m * n else 0
-    idx = np.stack([rng.integers(0, max(m, 1), nnz), rng.integers(0, max(n, 1), nnz)], axis=1)
-    if nnz > 3:
-        idx[-1] = idx[0]
-    values = (rng.integers(-6, 7, nnz) / 2).astype(dtype)
-    if nnz > 1:
-        values[1] = 0
-    return SparseTensor(indices=idx.reshape(nnz, 2), values=values, dense_shape=shape)
+    t = random_coo(rng, shape, nnz, dtype, values=VALUES)
+    if t.nnz > 1:
+        t.values[1] = 0
+    return t
 
 
 def layouts_of(rng, shape, nnz, dtype):
@@ -89,13 +86,7 @@ def layouts_of(rng, shape, nnz, dtype):
     for layout in ("csr", "csc"):
         yield convert(t, layout)
     # a CSR whose rows repeat and disorder their columns (every stored entry counts)
-    m, n = shape
-    if m and n:
-        counts = rng.integers(0, min(n, 3) + 1, m)
-        ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-        yield SparseTensor(layout="csr", compressed_indices=ptr,
-                           plain_indices=rng.integers(0, n, int(ptr[-1])).astype(np.int32),
-                           values=(rng.integers(-6, 7, int(ptr[-1])) / 2).astype(dtype), dense_shape=shape)
+    yield random_compressed(rng, "csr", shape, dtype=dtype, index_dtype="int32", repeat=True, values=VALUES)
 
 
 def convert(t, layout):
@@ -115,7 +106,8 @@ def test_gpu_kernel_equals_cpu_kernel(runs, dtype, reduce, shape, k):
 
 @pytest.mark.parametrize("reduce", REDUCES)
 def test_nan_inf_and_empty_rows(runs, reduce):
-    t = SparseTensor(layout="csr", compressed_indices=np.array([0, 2, 2, 4, 6]), plain_indices=np.array([0, 1, 1, 0, 0, 1]),
+    t = SparseTensor(layout="csr", compressed_indices=np.array([0, 2, 2, 4, 6]),
+                     plain_indices=np.array([0, 1, 1, 0, 0, 1]),
                      values=np.array([1.0, np.nan, -np.inf, 2.0, -1.0, -2.0]), dense_shape=[4, 2])
     x = np.array([[1.0, -2.0, 0.0], [3.0, np.nan, 4.0]])
     runs.same(mat1=t, mat2=x, reduce=reduce)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import assert_eq
 from sparseserve import SparseTensor
 from sparseserve.errors import InvalidArgumentError
 from sparseserve.server.ops import REGISTRY
+from strategies import random_coo
 
 
 def both(be, **args):
@@ -22,37 +24,20 @@ def both(be, **args):
     return gpu, cpu, fallbacks
 
 
-def assert_equal(gpu, cpu):
-    assert gpu.layout == cpu.layout and tuple(gpu.dense_shape) == tuple(cpu.dense_shape)
-    np.testing.assert_array_equal(np.asarray(gpu.indices), cpu.indices)
-    assert np.asarray(gpu.values).dtype == cpu.values.dtype
-    np.testing.assert_array_equal(np.asarray(gpu.values), cpu.values)
-    assert gpu.coalesced == cpu.coalesced
-
-
-def tensor(rng, shape, nnz, sparse_ndim, dtype, *, sort):
-    lead = shape[:sparse_ndim]
-    idx = np.stack([rng.integers(0, d, nnz) for d in lead], axis=1)
-    if sort:
-        idx = idx[np.lexsort(idx.T[::-1])]
-    values = rng.integers(-5, 6, (nnz, *shape[sparse_ndim:])).astype(dtype)
-    return SparseTensor(indices=idx, values=values, dense_shape=shape, coalesced=False)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "bool", "complex64"])
 @pytest.mark.parametrize("shape, sparse_ndim, nnz", [((7, 5), 2, 30), ((6, 4, 3), 2, 20), ((50, 40), 2, 3000),
                                                      ((40_000, 9), 2, 40_000)])
 def test_index_select_gpu_equals_cpu(array_backend, dtype, shape, sparse_ndim, nnz):
     rng = np.random.default_rng(nnz)
     for sort in (False, True):
-        t = tensor(rng, shape, nnz, sparse_ndim, dtype, sort=sort)
+        t = random_coo(rng, shape, nnz, dtype, sparse_ndim, sort=sort)
         for dim in range(-len(shape), len(shape)):
             size = shape[dim]
             for n_index in (0, 3, size * 2, 40_000 if size > 100 else 5):
                 index = rng.integers(-size, size, n_index)
                 gpu, cpu, fallbacks = both(array_backend, input=t, dim=dim, index=index)
                 assert fallbacks == []
-                assert_equal(gpu, cpu)
+                assert_eq(gpu, cpu, exact=True, coalesced=True)
 
 
 def test_index_select_gpu_falls_back_for_csr_and_bad_index(array_backend):

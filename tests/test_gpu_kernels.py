@@ -14,19 +14,22 @@ code path runs here; with CuPy and a GPU present the same tests run on the devic
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
+from helpers import assert_eq
 from sparseserve import SparseTensor
 from sparseserve.errors import SparseServeError
 from sparseserve.server.device import ArrayBackend, DeviceTensor
 from sparseserve.server.ops import REGISTRY
+from strategies import random_compressed, random_coo, random_values
 
 ALL_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
               "float16", "float32", "float64", "complex64", "complex128")
 CUSPARSE = ("float32", "float64", "complex64", "complex128")
+# Floats and complex agree to a tight tolerance (sums of repeated entries run in another order on
+# the device); integers and bools exactly.
+TOL = {"float16": 4e-3, "float32": 2e-5, "complex64": 2e-5, "float64": 1e-12, "complex128": 1e-12}
 
 
 # ------------------------------------------------------------------ backends
@@ -37,52 +40,6 @@ def be(array_backend) -> ArrayBackend:
 
 
 # ------------------------------------------------------------------ inputs
-def values_of(rng, shape, dtype) -> np.ndarray:
-    """Small integers (halves for floats): exact in every dtype, so most sums are exact too."""
-    dtype = np.dtype(dtype)
-    shape = tuple(shape)
-    if dtype == np.bool_:
-        return np.asarray(rng.random(shape) < 0.6)
-    if dtype.kind == "u":
-        return np.asarray(rng.integers(0, 9, shape), dtype)
-    if dtype.kind == "i":
-        return np.asarray(rng.integers(-8, 9, shape), dtype)
-    out = rng.integers(-8, 9, shape) / 2
-    if dtype.kind == "c":
-        out = out + 1j * (rng.integers(-8, 9, shape) / 2)
-    return np.asarray(out, dtype)
-
-
-def coo(rng, shape, nnz, dtype="float64", sparse_ndim=None, *, unique=False, ordered=False) -> SparseTensor:
-    """COO in random order with repeated indices (``unique``/``ordered`` to avoid that)."""
-    s = len(shape) if sparse_ndim is None else sparse_ndim
-    lead = shape[:s]
-    if math.prod(lead) == 0:
-        nnz = 0
-    if unique:
-        nnz = min(nnz, math.prod(lead))
-        keys = rng.choice(math.prod(lead), nnz, replace=False) if nnz else np.zeros(0, np.int64)
-    else:
-        keys = rng.integers(0, max(math.prod(lead), 1), nnz)
-    if ordered:
-        keys = np.sort(keys)
-    indices = np.stack(np.unravel_index(keys, lead), axis=1) if nnz else np.zeros((0, s), np.int64)
-    return SparseTensor(indices=indices, values=values_of(rng, (nnz, *shape[s:]), dtype), dense_shape=shape)
-
-
-def compressed(rng, layout, shape, dtype="float64", index="int64", *, messy=True) -> SparseTensor:
-    """A 2-D CSR/CSC; ``messy``: plain indices unsorted and repeated within segments."""
-    n_c, n_p = (shape[0], shape[1]) if layout == "csr" else (shape[1], shape[0])
-    counts = rng.integers(0, min(n_p, 3) + 1, n_c) if n_p else np.zeros(n_c, np.int64)
-    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(index)
-    if messy:
-        plain = rng.integers(0, max(n_p, 1), int(ptr[-1]))
-    else:
-        plain = np.concatenate([np.sort(rng.choice(n_p, c, replace=False)) for c in counts]) if n_c else []
-    return SparseTensor(layout=layout, compressed_indices=ptr, plain_indices=np.asarray(plain, index),
-                        values=values_of(rng, (int(ptr[-1]),), dtype), dense_shape=shape)
-
-
 def cpu(op: str, **args):
     out = REGISTRY.get(op).run("cpu", REGISTRY.get(op).bind(args))
     return out[0]
@@ -90,43 +47,6 @@ def cpu(op: str, **args):
 
 def as_layout(t: SparseTensor, layout: str, **kw) -> SparseTensor:
     return cpu("convert", sp_input=t, layout=layout, **kw)
-
-
-# ------------------------------------------------------------------ comparison
-def tolerance(dtype: np.dtype) -> float:
-    dtype = np.dtype(dtype)
-    width = dtype.itemsize // (2 if dtype.kind == "c" else 1)
-    return {2: 4e-3, 4: 2e-5, 8: 1e-12}[width]
-
-
-def assert_values(got: np.ndarray, want: np.ndarray, what: str):
-    assert type(got) is np.ndarray or isinstance(got, np.ndarray), what
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    if want.dtype.kind in "biu":
-        np.testing.assert_array_equal(got, want, err_msg=what)
-    else:
-        tol = tolerance(want.dtype)
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True, err_msg=what)
-
-
-def assert_same(got, want):
-    if isinstance(want, SparseTensor):
-        assert isinstance(got, SparseTensor), f"got {type(got).__name__}, want a sparse tensor"
-        assert got.layout == want.layout
-        assert tuple(got.dense_shape) == tuple(want.dense_shape)
-        assert got.coalesced == want.coalesced, "the coalesced flag"
-        assert (got.blocksize is None) == (want.blocksize is None)
-        if want.blocksize is not None:
-            assert tuple(got.blocksize) == tuple(want.blocksize)
-        names = ("indices",) if want.layout == "coo" else ("compressed_indices", "plain_indices")
-        for name in names:
-            g, w = getattr(got, name), getattr(want, name)
-            assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != {w.dtype}"
-            np.testing.assert_array_equal(g, w, err_msg=name)
-        assert_values(np.asarray(got.values), want.values, "values")
-    else:
-        assert_values(np.asarray(got), np.asarray(want), "dense result")
 
 
 class Calls:
@@ -165,7 +85,7 @@ class Calls:
         assert not isinstance(want, Exception), f"the CPU kernel raised {want!r}"
         assert not isinstance(got, Exception), f"the GPU kernel raised {got!r}"
         for g, w in zip(got, want, strict=True):
-            assert_same(g, w)
+            assert_eq(g, w, coalesced=True, rtol=TOL, atol=TOL)
         return got[0]
 
     def falls_back(self, name: str, reason: str, **args):
@@ -177,7 +97,7 @@ class Calls:
             assert type(got) is type(want) and got.reason == want.reason, (got, want)
         else:
             for g, w in zip(got, want, strict=True):
-                assert_same(g, w)
+                assert_eq(g, w, coalesced=True, rtol=TOL, atol=TOL)
         return got
 
 
@@ -191,11 +111,12 @@ SHAPES_2D = [(5, 4), (1, 1), (0, 3), (3, 0), (6, 7)]
 
 def matrices(rng, shape, dtype):
     """The same kind of matrix in every 2-D layout the GPU multiplies, messy and clean."""
-    yield coo(rng, shape, 2 * max(shape), dtype)
-    yield coo(rng, shape, 0, dtype)
+    yield random_coo(rng, shape, 2 * max(shape), dtype)
+    yield random_coo(rng, shape, 0, dtype)
     for layout in ("csr", "csc"):
         for index in ("int32", "int64"):
-            yield compressed(rng, layout, shape, dtype, index, messy=index == "int64")
+            yield random_compressed(rng, layout, shape, dtype=dtype, index_dtype=index, canonical=index != "int64",
+                                    repeat=index == "int64")
 
 
 # ------------------------------------------------------------------ matmul
@@ -206,11 +127,11 @@ def test_matmul_sparse_times_dense(calls, dtype):
         for a in matrices(rng, shape, dtype):
             for adjoint_a in (False, True):
                 inner = shape[0] if adjoint_a else shape[1]
-                calls.same("matmul", a=a, b=values_of(rng, (inner,), dtype), adjoint_a=adjoint_a)
+                calls.same("matmul", a=a, b=random_values(rng, (inner,), dtype), adjoint_a=adjoint_a)
                 for adjoint_b in (False, True):
-                    b = values_of(rng, (3, inner) if adjoint_b else (inner, 3), dtype)
+                    b = random_values(rng, (3, inner) if adjoint_b else (inner, 3), dtype)
                     calls.same("matmul", a=a, b=b, adjoint_a=adjoint_a, adjoint_b=adjoint_b)
-                calls.same("matmul", a=a, b=values_of(rng, (inner, 0), dtype), adjoint_a=adjoint_a)
+                calls.same("matmul", a=a, b=random_values(rng, (inner, 0), dtype), adjoint_a=adjoint_a)
 
 
 @pytest.mark.parametrize("dtype", CUSPARSE)
@@ -220,9 +141,9 @@ def test_matmul_dense_times_sparse(calls, dtype):
         for b in matrices(rng, shape, dtype):
             for adjoint_b in (False, True):
                 inner = shape[1] if adjoint_b else shape[0]
-                calls.same("matmul", a=values_of(rng, (inner,), dtype), b=b, adjoint_b=adjoint_b)
+                calls.same("matmul", a=random_values(rng, (inner,), dtype), b=b, adjoint_b=adjoint_b)
                 for adjoint_a in (False, True):
-                    a = values_of(rng, (inner, 3) if adjoint_a else (3, inner), dtype)
+                    a = random_values(rng, (inner, 3) if adjoint_a else (3, inner), dtype)
                     calls.same("matmul", a=a, b=b, adjoint_a=adjoint_a, adjoint_b=adjoint_b)
 
 
@@ -244,10 +165,13 @@ def test_spgemm_every_layout_pair_and_adjoint(calls, dtype):
             for adjoint_b in (False, True):
                 sa = (q, m) if adjoint_a else (m, q)
                 sb = (r, q) if adjoint_b else (q, r)
-                lefts = [coo(rng, sa, 2 * max(sa), dtype), compressed(rng, "csr", sa, dtype, "int32"),
-                         compressed(rng, "csr", sa, dtype, "int64", messy=False), compressed(rng, "csc", sa, dtype)]
-                rights = [coo(rng, sb, 2 * max(sb), dtype), compressed(rng, "csr", sb, dtype, "int32"),
-                          compressed(rng, "csc", sb, dtype, "int32", messy=False)]
+                lefts = [random_coo(rng, sa, 2 * max(sa), dtype),
+                         random_compressed(rng, "csr", sa, dtype=dtype, index_dtype="int32", repeat=True),
+                         random_compressed(rng, "csr", sa, dtype=dtype, index_dtype="int64", canonical=True),
+                         random_compressed(rng, "csc", sa, dtype=dtype, repeat=True)]
+                rights = [random_coo(rng, sb, 2 * max(sb), dtype),
+                          random_compressed(rng, "csr", sb, dtype=dtype, index_dtype="int32", repeat=True),
+                          random_compressed(rng, "csc", sb, dtype=dtype, index_dtype="int32", canonical=True)]
                 for a in lefts:
                     for b in rights:
                         calls.same("matmul", a=a, b=b, adjoint_a=adjoint_a, adjoint_b=adjoint_b)
@@ -263,29 +187,33 @@ def test_spgemm_keeps_zeros_from_cancellation_and_stored_zeros(calls):
     zeros = SparseTensor(indices=[[0, 0], [1, 1], [0, 0]], values=[0.0, 0.0, 3.0], dense_shape=[2, 2])
     out = calls.same("matmul", a=zeros, b=zeros)  # stored zeros (and 0 * 3) stay stored
     assert out.indices.tolist() == [[0, 0], [1, 1]]
-    big = coo(np.random.default_rng(4), (40, 40), 400, "float64")
+    big = random_coo(np.random.default_rng(4), (40, 40), 400, "float64")
     calls.same("matmul", a=big, b=as_layout(big, "csr"))
     calls.same("matmul", a=as_layout(big, "csr"), b=big, adjoint_b=True)
 
 
 def test_matmul_falls_back_for_what_the_gpu_cannot_do(calls):
     rng = np.random.default_rng(5)
-    a = coo(rng, (4, 4), 8, "int64")
-    calls.falls_back("matmul", "dtype", a=a, b=values_of(rng, (4,), "int64"))
-    calls.falls_back("matmul", "dtype", a=coo(rng, (4, 4), 8, "float16"), b=values_of(rng, (4, 2), "float16"))
-    calls.falls_back("matmul", "dtype", a=coo(rng, (4, 4), 8, "bool"), b=values_of(rng, (4,), "bool"))  # an error
-    calls.falls_back("matmul", "dtype", a=coo(rng, (4, 4), 8, "float32"), b=values_of(rng, (4,), "float64"))
-    f = coo(rng, (4, 4), 8, "float64")
-    calls.falls_back("matmul", "layout", a=as_layout(f, "bsr", blocksize=[2, 2]), b=values_of(rng, (4, 3), "float64"))
-    calls.falls_back("matmul", "layout", a=values_of(rng, (4,), "float64"), b=as_layout(f, "bsc", blocksize=[2, 2]))
-    batched = coo(rng, (2, 4, 4), 10, "float64", unique=True)
-    calls.falls_back("matmul", "batched", a=batched, b=values_of(rng, (2, 4, 3), "float64"))
-    hybrid = coo(rng, (4, 4, 2), 5, "float64", sparse_ndim=2)
-    calls.falls_back("matmul", "hybrid", a=hybrid, b=values_of(rng, (4, 3), "float64"))  # an error
-    calls.falls_back("matmul", "shape", a=f, b=values_of(rng, (5,), "float64"))  # an error
-    calls.falls_back("matmul", "shape", a=f, b=coo(rng, (3, 2), 2, "float64"))  # an error
-    calls.falls_back("matmul", "shape", a=values_of(rng, (4,), "float64"), b=f, adjoint_a=True)  # an error
-    calls.falls_back("matmul", "argument", a=values_of(rng, (4, 4), "float64"), b=values_of(rng, (4, 4), "float64"))
+    a = random_coo(rng, (4, 4), 8, "int64")
+    calls.falls_back("matmul", "dtype", a=a, b=random_values(rng, (4,), "int64"))
+    calls.falls_back("matmul", "dtype", a=random_coo(rng, (4, 4), 8, "float16"),
+                     b=random_values(rng, (4, 2), "float16"))
+    calls.falls_back("matmul", "dtype", a=random_coo(rng, (4, 4), 8, "bool"),
+                     b=random_values(rng, (4,), "bool"))  # an error
+    calls.falls_back("matmul", "dtype", a=random_coo(rng, (4, 4), 8, "float32"), b=random_values(rng, (4,), "float64"))
+    f = random_coo(rng, (4, 4), 8, "float64")
+    calls.falls_back("matmul", "layout", a=as_layout(f, "bsr", blocksize=[2, 2]),
+                     b=random_values(rng, (4, 3), "float64"))
+    calls.falls_back("matmul", "layout", a=random_values(rng, (4,), "float64"), b=as_layout(f, "bsc", blocksize=[2, 2]))
+    batched = random_coo(rng, (2, 4, 4), 10, "float64", duplicates=False)
+    calls.falls_back("matmul", "batched", a=batched, b=random_values(rng, (2, 4, 3), "float64"))
+    hybrid = random_coo(rng, (4, 4, 2), 5, "float64", sparse_ndim=2)
+    calls.falls_back("matmul", "hybrid", a=hybrid, b=random_values(rng, (4, 3), "float64"))  # an error
+    calls.falls_back("matmul", "shape", a=f, b=random_values(rng, (5,), "float64"))  # an error
+    calls.falls_back("matmul", "shape", a=f, b=random_coo(rng, (3, 2), 2, "float64"))  # an error
+    calls.falls_back("matmul", "shape", a=random_values(rng, (4,), "float64"), b=f, adjoint_a=True)  # an error
+    calls.falls_back("matmul", "argument", a=random_values(rng, (4, 4), "float64"),
+                     b=random_values(rng, (4, 4), "float64"))
 
 
 # ------------------------------------------------------------------ convert
@@ -293,9 +221,12 @@ def test_matmul_falls_back_for_what_the_gpu_cannot_do(calls):
 def test_convert_between_coo_csr_csc(calls, dtype):
     rng = np.random.default_rng(6)
     for shape in SHAPES_2D:
-        sources = [coo(rng, shape, 3 * max(shape), dtype), coo(rng, shape, 6, dtype, unique=True, ordered=True),
-                   compressed(rng, "csr", shape, dtype, "int32"), compressed(rng, "csr", shape, dtype, messy=False),
-                   compressed(rng, "csc", shape, dtype, "int32", messy=False), compressed(rng, "csc", shape, dtype)]
+        sources = [random_coo(rng, shape, 3 * max(shape), dtype),
+                   random_coo(rng, shape, 6, dtype, duplicates=False, sort=True),
+                   random_compressed(rng, "csr", shape, dtype=dtype, index_dtype="int32", repeat=True),
+                   random_compressed(rng, "csr", shape, dtype=dtype, canonical=True),
+                   random_compressed(rng, "csc", shape, dtype=dtype, index_dtype="int32", canonical=True),
+                   random_compressed(rng, "csc", shape, dtype=dtype, repeat=True)]
         for t in sources:
             for layout in ("coo", "csr", "csc"):
                 calls.same("convert", sp_input=t, layout=layout)
@@ -306,23 +237,25 @@ def test_convert_between_coo_csr_csc(calls, dtype):
 def test_convert_coo_to_coo_of_any_shape_is_a_coalesce(calls):
     rng = np.random.default_rng(7)
     for shape, s in [((3, 4, 5), 3), ((3, 4, 2), 2), ((7,), 1), ((0, 4), 2)]:
-        calls.same("convert", sp_input=coo(rng, shape, 20, "float32", s), layout="coo")
+        calls.same("convert", sp_input=random_coo(rng, shape, 20, "float32", s), layout="coo")
 
 
 def test_convert_falls_back_for_blocks_batches_and_dense_dims(calls):
     rng = np.random.default_rng(8)
-    f = coo(rng, (4, 6), 10, "float64")
+    f = random_coo(rng, (4, 6), 10, "float64")
     calls.falls_back("convert", "layout", sp_input=f, layout="bsr", blocksize=[2, 3])
     bsc = as_layout(f, "bsc", blocksize=[2, 2])
     calls.falls_back("convert", "layout", sp_input=bsc, layout="csr")
     calls.falls_back("convert", "layout", sp_input=bsc, layout="bsc", blocksize=[1, 1])
     assert calls.same("convert", sp_input=bsc, layout="bsc", blocksize=[2]).blocksize == (2, 2)  # itself
-    calls.falls_back("convert", "batched", sp_input=coo(rng, (2, 3, 3), 6, "float64", unique=True), layout="csr")
+    calls.falls_back("convert", "batched", sp_input=random_coo(rng, (2, 3, 3), 6, "float64", duplicates=False),
+                     layout="csr")
     batched = SparseTensor(layout="csr", compressed_indices=[[0, 1, 2], [0, 2, 2]], plain_indices=[[0, 1], [1, 0]],
                            values=np.array([[1.0, 2.0], [3.0, 4.0]]), dense_shape=[2, 2, 2])
     calls.falls_back("convert", "batched", sp_input=batched, layout="csc")
     calls.same("convert", sp_input=batched, layout="csr")  # itself
-    calls.falls_back("convert", "hybrid", sp_input=coo(rng, (4, 4, 2), 5, "float64", sparse_ndim=2), layout="csr")
+    calls.falls_back("convert", "hybrid", sp_input=random_coo(rng, (4, 4, 2), 5, "float64", sparse_ndim=2),
+                     layout="csr")
     calls.falls_back("convert", "dense_dim", sp_input=f, layout="coo", dense_dim=1)
     calls.falls_back("convert", "argument", sp_input=f, layout="dense")  # an error
     calls.falls_back("convert", "argument", sp_input=f, layout="csr", blocksize=[2, 2])  # an error
@@ -336,8 +269,8 @@ COO_SHAPES = [((6, 5), 2), ((3, 4, 5), 3), ((4, 3, 2), 2), ((9,), 1), ((0, 3), 2
 def test_reorder_and_coalesce(calls, dtype):
     rng = np.random.default_rng(9)
     for shape, s in COO_SHAPES:
-        for t in (coo(rng, shape, 25, dtype, s), coo(rng, shape, 0, dtype, s),
-                  coo(rng, shape, 8, dtype, s, unique=True, ordered=True)):
+        for t in (random_coo(rng, shape, 25, dtype, s), random_coo(rng, shape, 0, dtype, s),
+                  random_coo(rng, shape, 8, dtype, s, duplicates=False, sort=True)):
             calls.same("reorder", sp_input=t)
             calls.same("coalesce", sp_input=t)
 
@@ -359,20 +292,20 @@ def test_to_dense(calls, dtype):
     rng = np.random.default_rng(10)
     default = {"b": True, "u": 3, "i": -2, "f": 1.5, "c": 0.5}[np.dtype(dtype).kind]
     for shape, s in COO_SHAPES:
-        messy = coo(rng, shape, 25, dtype, s)
+        messy = random_coo(rng, shape, 25, dtype, s)
         calls.same("to_dense", sp_input=messy, validate_indices=False)
         calls.same("to_dense", sp_input=messy, validate_indices=False, default_value=default)
-        ordered = coo(rng, shape, 10, dtype, s, unique=True, ordered=True)
+        ordered = random_coo(rng, shape, 10, dtype, s, duplicates=False, sort=True)
         calls.same("to_dense", sp_input=ordered)
         calls.same("to_dense", sp_input=ordered, default_value=default)
 
 
 def test_to_dense_falls_back_to_name_the_bad_entry(calls):
     rng = np.random.default_rng(11)
-    unordered = coo(rng, (5, 5), 12, "float64")
+    unordered = random_coo(rng, (5, 5), 12, "float64")
     error = calls.falls_back("to_dense", "unordered", sp_input=unordered)
     assert error.reason in ("INDICES_UNSORTED", "INDICES_REPEATED")
-    calls.falls_back("to_dense", "argument", sp_input=coo(rng, (3, 3), 2, "int8", unique=True, ordered=True),
+    calls.falls_back("to_dense", "argument", sp_input=random_coo(rng, (3, 3), 2, "int8", duplicates=False, sort=True),
                      default_value=1000)
 
 
@@ -382,16 +315,18 @@ def test_transpose(calls, dtype):
     rng = np.random.default_rng(12)
     for shape, s, perms in [((6, 5), 2, [None, [0, 1], [1, 0]]), ((3, 4, 5), 3, [None, [2, 0, 1], [0, 2, 1]]),
                             ((4, 3, 2, 3), 2, [[1, 0, 3, 2], [0, 1, 2, 3]]), ((0, 3), 2, [None])]:
-        for t in (coo(rng, shape, 20, dtype, s), coo(rng, shape, 8, dtype, s, unique=True, ordered=True)):
+        for t in (random_coo(rng, shape, 20, dtype, s),
+                  random_coo(rng, shape, 8, dtype, s, duplicates=False, sort=True)):
             for perm in perms:
                 calls.same("transpose", sp_input=t, perm=perm)
-    for t in (compressed(rng, "csr", (4, 6), dtype, "int32"), compressed(rng, "csc", (4, 6), dtype)):
+    for t in (random_compressed(rng, "csr", (4, 6), dtype=dtype, index_dtype="int32", repeat=True),
+              random_compressed(rng, "csc", (4, 6), dtype=dtype, repeat=True)):
         for perm in (None, [0, 1], [1, 0]):
             calls.same("transpose", sp_input=t, perm=perm)
-    f = coo(rng, (4, 6), 10, dtype, unique=True)
+    f = random_coo(rng, (4, 6), 10, dtype, duplicates=False)
     bsr = as_layout(f, "bsr", blocksize=[2, 3])
     calls.same("transpose", sp_input=bsr)
-    hybrid = as_layout(coo(rng, (4, 6, 3, 2), 10, dtype, sparse_ndim=2, unique=True), "csr")
+    hybrid = as_layout(random_coo(rng, (4, 6, 3, 2), 10, dtype, duplicates=False, sparse_ndim=2), "csr")
     calls.same("transpose", sp_input=hybrid, perm=[1, 0, 3, 2])
 
 
@@ -401,7 +336,7 @@ def test_transpose_falls_back_when_a_batch_dimension_moves(calls):
     calls.same("transpose", sp_input=batched, perm=[0, 2, 1])
     calls.falls_back("transpose", "batched", sp_input=batched, perm=[1, 0, 2])
     calls.falls_back("transpose", "argument", sp_input=batched, perm=[0, 0, 1])  # an error
-    hybrid = coo(np.random.default_rng(13), (3, 3, 2), 4, "float64", sparse_ndim=2)
+    hybrid = random_coo(np.random.default_rng(13), (3, 3, 2), 4, "float64", sparse_ndim=2)
     calls.falls_back("transpose", "argument", sp_input=hybrid)  # the reversal moves a dense dimension
 
 
@@ -418,9 +353,11 @@ REDUCE_DTYPES = ("int8", "int32", "int64", "uint8", "uint64", "float16", "float3
                                        if not (op == "reduce_max" and np.dtype(dtype).kind == "c")])
 def test_reductions(calls, op, dtype):
     rng = np.random.default_rng(14)
-    inputs = [coo(rng, (5, 4), 15, dtype), coo(rng, (3, 4, 5), 20, dtype), coo(rng, (4, 3, 2), 8, dtype, 2),
-              coo(rng, (0, 3), 0, dtype), coo(rng, (4, 3), 0, dtype), coo(rng, (3, 2, 0), 4, dtype, 2),
-              compressed(rng, "csr", (4, 5), dtype, "int32"), compressed(rng, "csc", (4, 5), dtype)]
+    inputs = [random_coo(rng, (5, 4), 15, dtype), random_coo(rng, (3, 4, 5), 20, dtype),
+              random_coo(rng, (4, 3, 2), 8, dtype, 2), random_coo(rng, (0, 3), 0, dtype),
+              random_coo(rng, (4, 3), 0, dtype), random_coo(rng, (3, 2, 0), 4, dtype, 2),
+              random_compressed(rng, "csr", (4, 5), dtype=dtype, index_dtype="int32", repeat=True),
+              random_compressed(rng, "csc", (4, 5), dtype=dtype, repeat=True)]
     for t in inputs:
         for axis in AXES:
             if axis and max(axis) >= t.ndim:
@@ -443,11 +380,11 @@ def test_reduce_max_propagates_nan_and_ignores_unstored_zeros(calls):
 
 def test_reductions_fall_back_for_what_the_gpu_cannot_do(calls):
     rng = np.random.default_rng(15)
-    calls.falls_back("reduce_sum", "dtype", sp_input=coo(rng, (3, 3), 4, "bool"))  # an error
-    calls.falls_back("reduce_max", "dtype", sp_input=coo(rng, (3, 3), 4, "complex64"))  # an error
-    calls.falls_back("reduce_sum", "argument", sp_input=coo(rng, (3, 3), 4, "float64"), axis=[2])  # an error
-    calls.falls_back("reduce_sum", "argument", sp_input=coo(rng, (3, 3), 4, "float64"), output_is_sparse=True)
-    f = coo(rng, (4, 4), 6, "float64", unique=True)
+    calls.falls_back("reduce_sum", "dtype", sp_input=random_coo(rng, (3, 3), 4, "bool"))  # an error
+    calls.falls_back("reduce_max", "dtype", sp_input=random_coo(rng, (3, 3), 4, "complex64"))  # an error
+    calls.falls_back("reduce_sum", "argument", sp_input=random_coo(rng, (3, 3), 4, "float64"), axis=[2])  # an error
+    calls.falls_back("reduce_sum", "argument", sp_input=random_coo(rng, (3, 3), 4, "float64"), output_is_sparse=True)
+    f = random_coo(rng, (4, 4), 6, "float64", duplicates=False)
     calls.falls_back("reduce_sum", "layout", sp_input=as_layout(f, "bsr", blocksize=[2, 2]), axis=[0])
     batched = SparseTensor(layout="csr", compressed_indices=[[0, 1, 2], [0, 2, 2]], plain_indices=[[0, 1], [1, 0]],
                            values=np.array([[1.0, 2.0], [3.0, 4.0]]), dense_shape=[2, 2, 2])
@@ -468,9 +405,9 @@ def test_mul_and_div(calls, dtypes):
     rng = np.random.default_rng(16)
     sp_dtype, dense_dtype = dtypes
     for shape, s in [((4, 5), 2), ((3, 4, 2), 3), ((3, 4, 2), 2), ((0, 3), 2)]:
-        t = coo(rng, shape, 12, sp_dtype, s)
+        t = random_coo(rng, shape, 12, sp_dtype, s)
         for make in BROADCASTS:
-            dense = values_of(rng, make(shape), dense_dtype)
+            dense = random_values(rng, make(shape), dense_dtype)
             calls.same("mul", sp_input=t, dense=dense)
             kind = np.result_type(sp_dtype, dense_dtype).kind
             if kind == "b" or kind == "c":
@@ -493,12 +430,12 @@ def test_div_truncates_wraps_and_follows_ieee(calls):
 
 def test_mul_and_div_fall_back(calls):
     rng = np.random.default_rng(17)
-    t = coo(rng, (3, 4), 6, "int32", unique=True)
+    t = random_coo(rng, (3, 4), 6, "int32", duplicates=False)
     zero = np.zeros((3, 4), np.int32)
     calls.falls_back("div", "division_by_zero", sp_input=t, dense=zero)  # an error naming the entry
-    c = coo(rng, (3, 4), 6, "complex128")
-    calls.falls_back("div", "dtype", sp_input=c, dense=values_of(rng, (4,), "complex128"))
-    calls.falls_back("div", "dtype", sp_input=coo(rng, (3, 4), 6, "bool"), dense=np.ones(4, bool))  # an error
+    c = random_coo(rng, (3, 4), 6, "complex128")
+    calls.falls_back("div", "dtype", sp_input=c, dense=random_values(rng, (4,), "complex128"))
+    calls.falls_back("div", "dtype", sp_input=random_coo(rng, (3, 4), 6, "bool"), dense=np.ones(4, bool))  # an error
     calls.falls_back("mul", "shape", sp_input=t, dense=np.ones((2, 4), np.int32))  # an error
     calls.falls_back("mul", "shape", sp_input=t, dense=np.ones((2, 3, 4), np.int32))  # an error
 
@@ -507,9 +444,9 @@ def test_mul_and_div_fall_back(calls):
 def test_with_values(calls, dtype):
     rng = np.random.default_rng(18)
     for shape, s in [((4, 5), 2), ((3, 4, 2), 2), ((0, 2), 2)]:
-        t = coo(rng, shape, 9, "float64", s)
-        calls.same("with_values", sp_input=t, new_values=values_of(rng, t.values.shape, dtype))
-    calls.falls_back("with_values", "shape", sp_input=t, new_values=values_of(rng, (3,), dtype))
+        t = random_coo(rng, shape, 9, "float64", s)
+        calls.same("with_values", sp_input=t, new_values=random_values(rng, t.values.shape, dtype))
+    calls.falls_back("with_values", "shape", sp_input=t, new_values=random_values(rng, (3,), dtype))
 
 
 MAP_FNS = ("neg", "abs", "sign", "square", "conj", "ceil", "floor", "round", "trunc", "sqrt", "sin", "tan", "tanh",
@@ -519,7 +456,7 @@ MAP_FNS = ("neg", "abs", "sign", "square", "conj", "ceil", "floor", "round", "tr
 @pytest.mark.parametrize("dtype", ["bool", "int8", "uint16", "int64", "float16", "float32", "float64", "complex64"])
 def test_map_values(calls, dtype):
     rng = np.random.default_rng(19)
-    t = coo(rng, (5, 6, 2), 12, dtype, 2)
+    t = random_coo(rng, (5, 6, 2), 12, dtype, 2)
     if np.dtype(dtype).kind == "f":
         t = SparseTensor(indices=t.indices, values=np.concatenate([t.values[:-1], [[np.nan, -0.0]]]).astype(dtype),
                          dense_shape=t.dense_shape)
@@ -544,7 +481,7 @@ TORCH_MAP_FNS = ("sgn", "signbit", "isnan", "isinf", "isposinf", "isneginf", "er
 @pytest.mark.parametrize("dtype", ["bool", "int8", "uint16", "int64", "float16", "float32", "float64", "complex64"])
 def test_map_values_torch_functions(calls, dtype):
     rng = np.random.default_rng(21)
-    t = coo(rng, (5, 6, 2), 12, dtype, 2)
+    t = random_coo(rng, (5, 6, 2), 12, dtype, 2)
     kind = np.dtype(dtype).kind
     if kind in "fc":
         special = np.array([[np.nan, -0.0], [np.inf, -np.inf], [0.5, -0.75]]).astype(dtype)
@@ -576,18 +513,18 @@ def test_add(calls, dtypes):
     rng = np.random.default_rng(20)
     for shape, s in [((5, 4), 2), ((3, 4, 2), 2), ((3, 4, 2), 3), ((0, 4), 2)]:
         # TensorFlow's merge: the GPU takes operands sorted with unique indices, others fall back.
-        a, b = (coo(rng, shape, 12, dtypes[0], s, unique=True, ordered=True),
-                coo(rng, shape, 9, dtypes[1], s, unique=True, ordered=True))
+        a, b = (random_coo(rng, shape, 12, dtypes[0], s, duplicates=False, sort=True),
+                random_coo(rng, shape, 9, dtypes[1], s, duplicates=False, sort=True))
         calls.same("add", a=a, b=b)
         calls.same("add", a=b, b=a)
         complex_sum = np.result_type(*dtypes).kind == "c"
         if not complex_sum:
             calls.same("add", a=a, b=b, threshold=1.0)
             calls.same("add", a=a, b=b, threshold=2.5)
-        unordered = coo(rng, shape, 12, dtypes[0], s)
+        unordered = random_coo(rng, shape, 12, dtypes[0], s)
         if unordered.nnz > 1:
             calls.falls_back("add", "unordered", a=unordered, b=b)
-        dense = values_of(rng, shape, dtypes[1])
+        dense = random_values(rng, shape, dtypes[1])
         calls.same("add", a=a, b=dense)
         calls.same("add", a=dense, b=a)
 
@@ -623,7 +560,7 @@ def test_inputs_are_never_written(calls):
     """The stand-in passes the bound (read-only) arrays straight to the kernels: a kernel that
     wrote its input would raise here. Kept device tensors are shared the same way."""
     rng = np.random.default_rng(21)
-    t = coo(rng, (6, 6), 20, "float64")
+    t = random_coo(rng, (6, 6), 20, "float64")
     bound = REGISTRY.get("coalesce").bind({"sp_input": t})
     assert not bound["sp_input"].values.flags.writeable
     before = bound["sp_input"].values.copy()

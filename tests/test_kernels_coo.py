@@ -9,8 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import assert_eq
 from sparseserve import kernels
 from sparseserve.core.dtypes import DTYPE_NAMES
+from strategies import coo_tensors, random_coo
+
+VALUES = {"low": -4, "high": 4, "halves": False}  # integers, for floats too: sums exact in float16
 
 
 # ------------------------------------------------------------------ references
@@ -44,41 +48,21 @@ def ref_coalesce(indices, values, shape):
     return out_idx, dense[tuple(out_idx.T)] if keys.size else values[:0]
 
 
-def make(rng, dtype, shape, sparse_ndim, nnz, duplicates=True):
-    sparse_shape = shape[:sparse_ndim]
-    if nnz and all(d > 0 for d in sparse_shape):
-        idx = np.stack([rng.integers(0, d, nnz) for d in sparse_shape], axis=1).astype(np.int64)
-        if duplicates and nnz > 2:
-            idx[nnz // 2] = idx[0]
-    else:
-        idx = np.zeros((0, sparse_ndim), np.int64)
-    n = idx.shape[0]
-    raw = rng.integers(-4, 5, size=(n, *shape[sparse_ndim:]))
-    if dtype == "bool":
-        vals = raw > 0
-    elif dtype.startswith("uint"):
-        vals = np.abs(raw).astype(dtype)
-    elif dtype.startswith("complex"):
-        vals = (raw + 1j * rng.integers(-4, 5, size=raw.shape)).astype(dtype)
-    else:
-        vals = raw.astype(dtype)
-    return idx, vals
-
-
-def assert_equal(a, b):
-    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    np.testing.assert_array_equal(a, b)
+def make(rng, dtype, shape, sparse_ndim, nnz):
+    """The arrays of a random COO tensor with repeats, in any order (``strategies.random_coo``)."""
+    t = random_coo(rng, shape, nnz, dtype, sparse_ndim, values=VALUES)
+    return t.indices, t.values
 
 
 def check_reorder_and_coalesce(idx, vals, shape):
     ri, rv = kernels.reorder(idx, vals, shape)
     ei, ev = ref_reorder(idx, vals)
-    assert_equal(ri, ei)
-    assert_equal(rv, ev)
+    assert_eq(ri, ei, exact=True)
+    assert_eq(rv, ev, exact=True)
     ci, cv = kernels.coalesce(idx, vals, shape)
     ei, ev = ref_coalesce(idx, vals, shape)
-    assert_equal(ci, ei)
-    assert_equal(cv, ev)
+    assert_eq(ci, ei, exact=True)
+    assert_eq(cv, ev, exact=True)
     return ci, cv
 
 
@@ -94,12 +78,12 @@ def test_against_numpy(dtype, shape, sparse_ndim, nnz):
     idx, vals = make(rng, dtype, shape, sparse_ndim, nnz)
     ci, cv = check_reorder_and_coalesce(idx, vals, shape)
     dense = ref_dense(idx, vals, shape)
-    assert_equal(kernels.to_dense(idx, vals, shape, vals.dtype.type(0), False), dense)
-    assert_equal(kernels.to_dense(ci, cv, shape, vals.dtype.type(1), True), ref_dense(ci, cv, shape, 1))
+    assert_eq(kernels.to_dense(idx, vals, shape, vals.dtype.type(0), False), dense, exact=True)
+    assert_eq(kernels.to_dense(ci, cv, shape, vals.dtype.type(1), True), ref_dense(ci, cv, shape, 1), exact=True)
     fi, fv = kernels.from_dense(dense, sparse_ndim)
     keep = np.any(dense.reshape(int(np.prod(shape[:sparse_ndim])), int(np.prod(shape[sparse_ndim:]))) != 0, axis=1)
     assert fi.shape[0] == int(keep.sum())
-    assert_equal(ref_dense(fi, fv, shape), dense)
+    assert_eq(ref_dense(fi, fv, shape), dense, exact=True)
     assert kernels.first_disorder(fi, shape) == (-1, False) or fi.shape[0] < 2
 
 
@@ -169,15 +153,10 @@ def test_seed_tf_to_dense_example():
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_properties(data):
-    ndim = data.draw(st.integers(1, 5))
-    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=ndim, max_size=ndim)))
-    sparse_ndim = data.draw(st.integers(1, ndim))
-    dtype = data.draw(st.sampled_from(DTYPE_NAMES))
-    nnz = data.draw(st.integers(0, 30))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    idx, vals = make(rng, dtype, shape, sparse_ndim, nnz)
+    t = data.draw(coo_tensors(min_dim=1, max_dim=4, max_nnz=30, values=VALUES))
+    idx, vals, shape = t.indices, t.values, t.dense_shape
     ci, cv = check_reorder_and_coalesce(idx, vals, shape)
-    assert_equal(kernels.to_dense(idx, vals, shape, vals.dtype.type(0), False), ref_dense(idx, vals, shape))
+    assert_eq(kernels.to_dense(idx, vals, shape, vals.dtype.type(0), False), ref_dense(idx, vals, shape), exact=True)
 
 
 def test_radix_argsort_matches_numpy_on_wide_keys():
@@ -200,13 +179,13 @@ def test_wide_keys_take_the_pair_sort_and_agree():
     vals = rng.standard_normal(5000)
     ri, rv = kernels.reorder(idx, vals, shape)
     ei, ev = ref_reorder(idx, vals)
-    assert_equal(ri, ei)
-    assert_equal(rv, ev)
+    assert_eq(ri, ei, exact=True)
+    assert_eq(rv, ev, exact=True)
     unique, inverse = np.unique(idx, axis=0, return_inverse=True)  # sorted row-major
     sums = np.zeros(len(unique))
     np.add.at(sums, inverse.ravel(), vals)
     ci, cv = kernels.coalesce(idx, vals, shape)
-    assert_equal(ci, unique)
+    assert_eq(ci, unique, exact=True)
     np.testing.assert_allclose(cv, sums)
 
 
@@ -221,8 +200,8 @@ def test_parallel_kernels_called_from_many_threads_at_once():
     inputs = inputs[:2] * 4
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda iv: kernels.coalesce(iv[0], iv[1], shape), inputs))
-    for (ci, cv), (ei, ev) in zip(results, expected):
-        assert_equal(ci, ei)
+    for (ci, cv), (ei, ev) in zip(results, expected, strict=True):
+        assert_eq(ci, ei, exact=True)
         np.testing.assert_allclose(cv, ev)
 
 
@@ -236,7 +215,7 @@ def test_large_inputs_take_the_parallel_paths_and_agree(dtype):
     idx, vals = make(rng, dtype, shape, 2, 3 * PARALLEL_MIN)
     check_reorder_and_coalesce(idx, vals, shape)
     ci, cv = kernels.coalesce(idx, vals, shape)
-    assert_equal(kernels.to_dense(ci, cv, shape, vals.dtype.type(0), True), ref_dense(idx, vals, shape))
+    assert_eq(kernels.to_dense(ci, cv, shape, vals.dtype.type(0), True), ref_dense(idx, vals, shape), exact=True)
 
 
 @pytest.mark.parametrize("shape", [(700, 900), (3, 131, 257), (70000, 1), (2, 40000)])
@@ -254,5 +233,5 @@ def test_large_from_dense_compacts_in_order(shape, dtype):
     indices, values = kernels.from_dense(dense, len(shape))
     expect = np.argwhere(dense != 0) if dense.dtype.kind not in "fc" else \
         np.argwhere((dense != 0) | np.isnan(dense))
-    assert_equal(indices, expect)
-    assert_equal(values, dense[tuple(expect.T)])
+    assert_eq(indices, expect, exact=True)
+    assert_eq(values, dense[tuple(expect.T)], exact=True)

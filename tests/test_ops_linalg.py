@@ -17,21 +17,21 @@ from hypothesis import strategies as st
 from sparseserve import InvalidArgumentError, ResourceExhaustedError, SparseTensor, UnimplementedError
 from sparseserve.kernels._parallel import PARALLEL_MIN
 from conftest import ServerProcess, make_client, op_raises, run_op
+from helpers import assert_eq
+from strategies import random_values
 
 SETTINGS = settings(max_examples=60, deadline=None)
 LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
 DTYPES = ("float64", "float32", "int32", "int8", "uint64", "complex64", "complex128", "float16")
+# Products summed in another order than numpy's; integers exactly.
+TOL = {"float16": 2e-2, "float32": 1e-4, "complex64": 1e-4, "float64": 1e-10, "complex128": 1e-10}
 
 
 # ------------------------------------------------------------------ building inputs
 def random_dense(rng, shape, dtype, density=0.4) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    low = 0 if dtype.kind == "u" else -4
-    raw = rng.integers(low, 5, size=shape)
-    if dtype.kind == "c":
-        raw = raw + 1j * rng.integers(-4, 5, size=shape)
-    out = np.where(rng.random(shape) < density, raw, 0)
-    return (out / 2 if dtype.kind in "fc" else out).astype(dtype)
+    """Small exact values (``strategies.random_values``), each kept with probability ``density``."""
+    values = random_values(rng, shape, dtype, low=-4, high=4)
+    return np.where(rng.random(shape) < density, values, np.zeros((), values.dtype))
 
 
 def _compress(mask: np.ndarray, index_dtype):
@@ -76,17 +76,6 @@ def reference(a, b, adjoint_a=False, adjoint_b=False) -> np.ndarray:
         return (op(a, adjoint_a).astype(np.float32) @ op(b, adjoint_b).astype(np.float32)).astype(np.float16)
     with np.errstate(all="ignore"):
         return np.matmul(op(a, adjoint_a), op(b, adjoint_b))
-
-
-def assert_close(got, want):
-    got = got.to_dense() if isinstance(got, SparseTensor) else got
-    assert got.dtype == want.dtype and got.shape == want.shape
-    if want.dtype.kind in "iu":
-        np.testing.assert_array_equal(got, want)
-    else:
-        tol = {2: 2e-2, 4: 1e-4, 8: 1e-4, 16: 1e-10}[want.dtype.itemsize] if want.dtype.kind == "c" else \
-            {2: 2e-2, 4: 1e-4, 8: 1e-10}[want.dtype.itemsize]
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
 # ------------------------------------------------------------------ worked examples
@@ -185,19 +174,20 @@ def test_matmul_matches_numpy(case):
     if kind == "sparse@dense":
         inner = m if adjoint_a else n
         d = random_dense(rng, (k, inner) if adjoint_b else (inner, k), dtype, 1.0)
-        assert_close(run_op("matmul", a=t, b=d, adjoint_a=adjoint_a, adjoint_b=adjoint_b),
-                     reference(s, d, adjoint_a, adjoint_b))
+        assert_eq(run_op("matmul", a=t, b=d, adjoint_a=adjoint_a, adjoint_b=adjoint_b),
+                  reference(s, d, adjoint_a, adjoint_b), rtol=TOL, atol=TOL)
     elif kind == "sparse@vector":
         d = random_dense(rng, (m if adjoint_a else n,), dtype, 1.0)
-        assert_close(run_op("matmul", a=t, b=d, adjoint_a=adjoint_a), reference(s, d, adjoint_a))
+        assert_eq(run_op("matmul", a=t, b=d, adjoint_a=adjoint_a), reference(s, d, adjoint_a), rtol=TOL, atol=TOL)
     elif kind == "dense@sparse":
         inner = n if adjoint_b else m
         d = random_dense(rng, (inner, k) if adjoint_a else (k, inner), dtype, 1.0)
-        assert_close(run_op("matmul", a=d, b=t, adjoint_a=adjoint_a, adjoint_b=adjoint_b),
-                     reference(d, s, adjoint_a, adjoint_b))
+        assert_eq(run_op("matmul", a=d, b=t, adjoint_a=adjoint_a, adjoint_b=adjoint_b),
+                  reference(d, s, adjoint_a, adjoint_b), rtol=TOL, atol=TOL)
     elif kind == "vector@sparse":
         d = random_dense(rng, (n if adjoint_b else m,), dtype, 1.0)
-        assert_close(run_op("matmul", a=d, b=t, adjoint_b=adjoint_b), reference(d, s, False, adjoint_b))
+        assert_eq(run_op("matmul", a=d, b=t, adjoint_b=adjoint_b), reference(d, s, False, adjoint_b),
+                  rtol=TOL, atol=TOL)
     else:
         inner = m if adjoint_a else n
         other_dense = random_dense(rng, (k, inner) if adjoint_b else (inner, k), dtype, 0.5)
@@ -207,7 +197,7 @@ def test_matmul_matches_numpy(case):
         if out.layout == "coo":
             keys = out.indices[:, 0] * max(out.dense_shape[1], 1) + out.indices[:, 1]
             assert out.coalesced and np.all(np.diff(keys) > 0)
-        assert_close(out, reference(s, other_dense, adjoint_a, adjoint_b))
+        assert_eq(out.to_dense(), reference(s, other_dense, adjoint_a, adjoint_b), rtol=TOL, atol=TOL)
 
 
 @SETTINGS
@@ -231,7 +221,7 @@ def test_sampled_addmm_matches_numpy(seed, layout, dtype, d, batched):
         prod = reference(mat1, mat2)
         want = np.where(pattern, (np.asarray(alpha, dtype) * prod + np.asarray(beta, dtype) * s).astype(dtype),
                         np.zeros((), dtype))
-    assert_close(out, want)
+    assert_eq(out.to_dense(), want, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
@@ -243,9 +233,10 @@ def test_batched_sparse_times_batched_dense(layout, adjoint_a):
     s[:, rows, cols] = rng.uniform(1, 2, (2, 4))
     t = sparse_of(s, layout, blocksize=(2, 2) if layout == "bsr" else (1, 1))
     d = rng.standard_normal((2, 4 if adjoint_a else 6, 3))
-    assert_close(run_op("matmul", a=t, b=d, adjoint_a=adjoint_a), reference(s, d, adjoint_a))
+    assert_eq(run_op("matmul", a=t, b=d, adjoint_a=adjoint_a), reference(s, d, adjoint_a), rtol=TOL, atol=TOL)
     left = rng.standard_normal((2, 5, 6 if adjoint_a else 4))
-    assert_close(run_op("matmul", a=left, b=t, adjoint_b=adjoint_a), reference(left, s, False, adjoint_a))
+    assert_eq(run_op("matmul", a=left, b=t, adjoint_b=adjoint_a), reference(left, s, False, adjoint_a),
+              rtol=TOL, atol=TOL)
 
 
 def test_empty_and_zero_size_inputs():
