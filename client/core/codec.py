@@ -296,7 +296,10 @@ def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | Han
 # ------------------------------------------------------------------ whole tensors as bytes
 # A REST body holds one ``Tensor`` message; at hundreds of megabytes, protobuf's own
 # encoding and decoding copy every array three times. These produce and read the same
-# message with the arrays spliced in and sliced out instead.
+# message with the arrays spliced in and sliced out instead. bench/codec.py: tensor_to_bytes
+# 1.5x as fast as tensor_to_pb(t).SerializeToString() at 1 MB, 10x at 100 MB;
+# tensor_from_bytes 17x as fast as protobuf's parse and tensor_from_pb at 1 MB, 740x at
+# 100 MB (views of the body instead of copies).
 #
 # Array bytes start at a multiple of this from the message start, so a reader holding the
 # message in an aligned buffer uses them in place. Two ``padding`` fields around the data, of
@@ -441,6 +444,8 @@ def _tensor_from_view(view: memoryview, name: str) -> SparseTensor | np.ndarray 
 # array, copied into its parent, then serialized) they were a fifth of the server's own time
 # on a 100-entry reorder; these write the same bytes directly (``tensor_to_pb(t)
 # .SerializeToString()`` byte for byte: fields in number order, proto3 defaults left out).
+# bench/codec.py: that reorder's request written in 10 us against the generated classes' 18
+# (1.7x), its reply in 8 against 17 (2.0x).
 def _packed(values) -> bytes:
     """The payload of a packed repeated varint field (non-empty ``values``)."""
     if 0 <= min(values) and max(values) < 0x80:  # one byte each (shapes, mostly)
@@ -562,7 +567,8 @@ def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_B
     to back.
 
     Data chunks are framed by hand — the field's tag and length in front of a slice of the
-    array — so each costs one copy; building and serializing protobuf messages cost three.
+    array — so each costs one copy; building and serializing protobuf messages cost three
+    (bench/codec.py: the stream written 1.1-1.2x as fast at 1 MB, 1.1-2x at 100 MB).
     """
     yield pb.TensorChunk(header=tensor_to_pb(t, with_data=False)).SerializeToString()
     arrays = t.arrays() if isinstance(t, SparseTensor) else (t,)
@@ -575,7 +581,8 @@ def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_B
 
 def parse_chunk(frame: bytes | memoryview) -> pb.TensorChunk | memoryview:
     """A serialized ``TensorChunk``: a data-only message as a view of its bytes (no copy),
-    any other message parsed by protobuf."""
+    any other message parsed by protobuf. protobuf's parse and the read of its ``data`` copy
+    the chunk twice: bench/codec.py assembled the stream 1.2x as fast at 1 MB, 1.3x at 100 MB."""
     view = memoryview(frame)
     key = _read_varint(view, 0)
     if key is not None and key[0] == _CHUNK_DATA.key:

@@ -10,6 +10,11 @@ protobuf message objects: the headers are most of a small call's bytes) and read
 by protobuf's C parser, which is quicker for them. The bytes are the same messages
 either way: any protobuf reader takes them, and anything this reader does not take
 apart goes to protobuf whole.
+
+bench/codec.py, against protobuf's generated classes doing the same: a request holding a
+1 MB tensor written 1.4x and read 14x as fast, a 100 MB one 17x and 490x (replies alike);
+a 100-entry reorder's request read 4x faster by protobuf (11 us) than by this reader (42 us),
+hence protobuf below ``FRAME_BYTES``.
 """
 
 from __future__ import annotations
@@ -281,7 +286,8 @@ def _outputs_from_view(view: memoryview) -> list[tuple[str, Any]] | None:
 # ------------------------------------------------------------------ ExecuteStream
 def message_frames(pieces: list, frame_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     """The serialized ``MessageFrame`` stream of a message given as pieces: each frame joins
-    its slice of the pieces (one copy); the first also says the whole message's size."""
+    its slice of the pieces (one copy); the first also says the whole message's size.
+    bench/codec.py: 1.4x as fast as building MessageFrame messages at 1 MB, 2x at 100 MB."""
     total = sum(len(p) for p in pieces)
     if not total:  # an empty message: one frame, as empty as protobuf writes it
         yield b""
@@ -311,7 +317,8 @@ class MessageAssembler:
     """Rebuilds a message from its ``MessageFrame`` stream in one buffer, allocated once the
     first frame's size has passed ``max_bytes``; each frame's data is copied once, to its
     place. ``finish`` hands the buffer over read-only, as a unary message's bytes are: the
-    arrays decoded from it are views of it."""
+    arrays decoded from it are views of it. bench/codec.py: 1.35x as fast as parsing each frame
+    with protobuf at 1 MB, 5x at 100 MB."""
 
     def __init__(self, name: str, max_bytes: int | None = None,
                  allocate: Callable[[int], np.ndarray] = new_buffer):
