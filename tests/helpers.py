@@ -47,7 +47,7 @@ def assert_eq(got, want, *, rtol: Tolerance = 1e-6, atol: Tolerance = 1e-6, exac
     ``layout`` when given), dense shape and blocksize, with the same index arrays (shape,
     every entry in order, and dtype unless ``index_dtype=False``) and, when ``coalesced``, the
     same coalesced flag; a dense ``numpy.ndarray`` ``want`` needs an ndarray. ``same_type``:
-    ``type(got) is type(want)`` too.
+    ``type(got) is type(want)`` too (any two numpy arrays count as one type).
 
     Values (a sparse tensor's, or the dense arrays): dtype and shape exactly; integers, bools
     and everything when ``exact`` compared with ``==`` (NaN equal to NaN); ``bitwise``: the
@@ -56,7 +56,7 @@ def assert_eq(got, want, *, rtol: Tolerance = 1e-6, atol: Tolerance = 1e-6, exac
     one (a dtype it lacks is an error). ``values=False`` compares the structure alone.
     ``what`` names the result in failure messages."""
     got, want = as_ours(got), as_ours(want)
-    if same_type:
+    if same_type and not (isinstance(got, np.ndarray) and isinstance(want, np.ndarray)):
         assert type(got) is type(want), f"{what}: a {type(got).__name__}, not a {type(want).__name__}"
     if isinstance(want, SparseTensor):
         _assert_sparse_eq(got, want, rtol=rtol, atol=atol, exact=exact, bitwise=bitwise, index_dtype=index_dtype,

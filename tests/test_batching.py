@@ -28,46 +28,25 @@ from sparseserve.server.config import ServerConfig
 from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 from conftest import WIRES, ServerProcess, make_client
+from helpers import assert_eq
+from strategies import random_coo
 
 BATCHABLE = ("reorder", "coalesce")
 SETTINGS = settings(max_examples=40, deadline=None)
+VALUES = {"low": -100, "high": 99, "normal": True}
 
 
 # ----------------------------------------------------------------- helpers
 def random_tensor(rng, shape, sparse_ndim, dtype, nnz, span=None) -> SparseTensor:
-    """COO with ``nnz`` entries; indices drawn below ``span`` (small spans repeat often)."""
-    sparse = shape[:sparse_ndim]
-    nnz = 0 if 0 in sparse else nnz
-    idx = np.stack([rng.integers(0, min(d, span or d), nnz) for d in sparse], axis=1) if sparse_ndim \
-        else np.zeros((nnz, 0), np.int64)
-    dtype = np.dtype(dtype)
-    vshape = (nnz, *shape[sparse_ndim:])
-    if dtype == np.bool_:
-        values = rng.integers(0, 2, vshape).astype(bool)
-    elif dtype.kind in "iu":
-        values = rng.integers(0 if dtype.kind == "u" else -100, 100, vshape).astype(dtype)
-    elif dtype.kind == "c":
-        values = (rng.standard_normal(vshape) + 1j * rng.standard_normal(vshape)).astype(dtype)
-    else:  # sums of these are inexact: any change of summation order shows
-        values = rng.standard_normal(vshape).astype(dtype)
-    return SparseTensor(indices=idx.reshape(nnz, sparse_ndim).astype(np.int64), values=values,
-                        dense_shape=shape)
+    """COO with ``nnz`` entries; indices drawn below ``span`` (small spans repeat often); floats
+    standard normal: their sums are inexact, so any change of summation order shows."""
+    return random_coo(rng, shape, nnz, dtype, sparse_ndim, span=span, repeat=False, values=VALUES)
 
 
 def alone(op: str, tensor: SparseTensor) -> SparseTensor:
     """The op run on this tensor by itself, as an unbatched server runs it."""
     definition = REGISTRY.get(op)
     return definition.run("cpu", definition.bind({"sp_input": tensor}))[0]
-
-
-def assert_same(got: SparseTensor, want: SparseTensor) -> None:
-    """Bit-for-bit: layout, shape, flag, and the bytes of every array."""
-    assert got.layout == want.layout == "coo"
-    assert tuple(got.dense_shape) == tuple(want.dense_shape)
-    assert got.coalesced == want.coalesced
-    for a, b in ((got.indices, want.indices), (got.values, want.values)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
 @contextmanager
@@ -121,10 +100,10 @@ def test_concurrent_calls_merge_into_one_kernel_call(op, kernel_calls):
         results = run_all(service, [(op, {"sp_input": t}) for t in tensors])
         assert (service.batcher.merged_batches, service.batcher.merged_calls) == (1, len(tensors))
     assert kernel_calls[op] == 1
-    for t, result in zip(tensors, results):
+    for t, result in zip(tensors, results, strict=True):
         [(name, got)] = result
         assert name == "output"
-        assert_same(got, alone(op, t))
+        assert_eq(got, alone(op, t), bitwise=True, coalesced=True, layout="coo")
 
 
 @st.composite
@@ -154,8 +133,8 @@ def test_batched_equals_unbatched(case):
         assert batcher.merged_batches == sum(1 for n in groups.values() if n > 1)
         assert batcher.merged_calls == sum(n for n in groups.values() if n > 1)
         assert batcher.single_calls == sum(1 for n in groups.values() if n == 1)
-    for t, result in zip(tensors, results):
-        assert_same(result[0][1], alone(op, t))
+    for t, result in zip(tensors, results, strict=True):
+        assert_eq(result[0][1], alone(op, t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_single_call_runs_unbatched(kernel_calls):
@@ -164,7 +143,7 @@ def test_single_call_runs_unbatched(kernel_calls):
         [result] = run_all(service, [("reorder", {"sp_input": t})])
         assert (service.batcher.merged_batches, service.batcher.single_calls) == (0, 1)
     assert kernel_calls["reorder"] == 1
-    assert_same(result[0][1], alone("reorder", t))
+    assert_eq(result[0][1], alone("reorder", t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_max_batch_flushes_without_waiting_for_the_window(kernel_calls):
@@ -178,8 +157,8 @@ def test_max_batch_flushes_without_waiting_for_the_window(kernel_calls):
         results = asyncio.run(main())
         assert (service.batcher.merged_batches, service.batcher.merged_calls) == (2, 10)
     assert kernel_calls["coalesce"] == 2
-    for t, result in zip(tensors, results):
-        assert_same(result[0][1], alone("coalesce", t))
+    for t, result in zip(tensors, results, strict=True):
+        assert_eq(result[0][1], alone("coalesce", t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_entry_limit_starts_a_new_batch(monkeypatch, kernel_calls):
@@ -191,8 +170,8 @@ def test_entry_limit_starts_a_new_batch(monkeypatch, kernel_calls):
         results = run_all(service, [("reorder", {"sp_input": t}) for t in tensors])
         assert (service.batcher.merged_batches, service.batcher.single_calls) == (2, 1)
     assert kernel_calls["reorder"] == 3
-    for t, result in zip(tensors, results):
-        assert_same(result[0][1], alone("reorder", t))
+    for t, result in zip(tensors, results, strict=True):
+        assert_eq(result[0][1], alone("reorder", t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_large_calls_are_not_merged(kernel_calls):
@@ -202,8 +181,8 @@ def test_large_calls_are_not_merged(kernel_calls):
         results = run_all(service, [("coalesce", {"sp_input": t}) for t in big])
         assert service.batcher.merged_batches == 0
     assert kernel_calls["coalesce"] == 2
-    for t, result in zip(big, results):
-        assert_same(result[0][1], alone("coalesce", t))
+    for t, result in zip(big, results, strict=True):
+        assert_eq(result[0][1], alone("coalesce", t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_stacked_shape_past_int64_runs_each_alone(kernel_calls):
@@ -215,8 +194,8 @@ def test_stacked_shape_past_int64_runs_each_alone(kernel_calls):
         results = run_all(service, [("coalesce", {"sp_input": t}) for t in wide])
         assert (service.batcher.merged_batches, service.batcher.single_calls) == (0, 2)
     assert kernel_calls["coalesce"] == 2
-    for t, result in zip(wide, results):
-        assert_same(result[0][1], alone("coalesce", t))
+    for t, result in zip(wide, results, strict=True):
+        assert_eq(result[0][1], alone("coalesce", t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_bad_call_fails_alone(kernel_calls):
@@ -233,19 +212,17 @@ def test_bad_call_fails_alone(kernel_calls):
         assert (service.batcher.merged_batches, service.batcher.merged_calls) == (1, len(good))
     # A CSR tensor is never merged (batches are COO): it runs alone and gets its own answer.
     answer, want = results[3][0][1], alone("reorder", csr)
-    assert answer.layout == want.layout == "csr"
-    for a, b in zip(answer.arrays(), want.arrays()):
-        np.testing.assert_array_equal(a, b)
+    assert_eq(answer, want, exact=True, layout="csr")
     bad = results[2:3] + results[4:6]
     expected = [(InvalidArgumentError, "INDEX_OUT_OF_RANGE"), (InvalidArgumentError, "UNKNOWN_ARGUMENT"),
                 (InvalidArgumentError, "MISSING_ARGUMENT")]
-    for error, (cls, reason) in zip(bad, expected):
+    for error, (cls, reason) in zip(bad, expected, strict=True):
         assert isinstance(error, cls), error
         assert reason is None or error.reason == reason
     assert "sp_input" in str(bad[0])
     assert kernel_calls["reorder"] == 1
-    for t, result in zip(good, results[:2] + results[6:]):
-        assert_same(result[0][1], alone("reorder", t))
+    for t, result in zip(good, results[:2] + results[6:], strict=True):
+        assert_eq(result[0][1], alone("reorder", t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_error_in_merged_call_reaches_every_caller(monkeypatch):
@@ -274,9 +251,9 @@ def test_cancelled_caller_does_not_break_the_batch(kernel_calls):
         assert (service.batcher.merged_batches, service.batcher.merged_calls) == (1, 4)
     assert isinstance(results[1], asyncio.CancelledError)
     assert kernel_calls["coalesce"] == 1
-    for i, (t, result) in enumerate(zip(tensors, results)):
+    for i, (t, result) in enumerate(zip(tensors, results, strict=True)):
         if i != 1:
-            assert_same(result[0][1], alone("coalesce", t))
+            assert_eq(result[0][1], alone("coalesce", t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_keep_stores_each_callers_own_result():
@@ -285,9 +262,10 @@ def test_keep_stores_each_callers_own_result():
     with batching_service() as service:
         results = run_all(service, [("coalesce", {"sp_input": t}) for t in tensors], keep=True)
         assert service.batcher.merged_calls == len(tensors)
-        for t, [(name, ref)] in zip(tensors, results):
+        for t, [(name, ref)] in zip(tensors, results, strict=True):
             assert name == "output" and isinstance(ref, HandleRef)
-            assert_same(asyncio.run(service.get(ref.handle, "")), alone("coalesce", t))
+            assert_eq(asyncio.run(service.get(ref.handle, "")), alone("coalesce", t), bitwise=True, coalesced=True,
+                      layout="coo")
 
 
 def test_merge_and_split_round_trip():
@@ -299,8 +277,8 @@ def test_merge_and_split_round_trip():
     merged = batching.merge_coo(tensors, shape)
     merged.validate("merged")
     assert merged.indices[:, 0].tolist() == [0] * 4 + [2] * 7
-    for t, part in zip(tensors, batching.split_coo(merged, tensors, "test")):
-        assert_same(part, t)
+    for t, part in zip(tensors, batching.split_coo(merged, tensors, "test"), strict=True):
+        assert_eq(part, t, bitwise=True, coalesced=True, layout="coo")
 
 
 # ------------------------------------------------------------ over the wires
@@ -358,8 +336,8 @@ def test_wire_answers_equal_unbatched_server(batched, server, wire):
         for c in clients:
             c.close()
     with make_client(server, wire) as plain:
-        for op, t, result in zip(ops, tensors, got):
-            assert_same(result, getattr(plain, op)(t))
+        for op, t, result in zip(ops, tensors, got, strict=True):
+            assert_eq(result, getattr(plain, op)(t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_wire_bad_call_fails_alone_and_keep_works(batched, server):
@@ -373,14 +351,16 @@ def test_wire_bad_call_fails_alone_and_keep_works(batched, server):
             c.close()
     assert isinstance(got[5], InvalidArgumentError) and got[5].reason == "INDEX_OUT_OF_RANGE", got[5]
     with make_client(server, "grpc") as plain:
-        for i, (t, result) in enumerate(zip(tensors, got)):
+        for i, (t, result) in enumerate(zip(tensors, got, strict=True)):
             if i != 5:
-                assert_same(result, plain.coalesce(t))
+                assert_eq(result, plain.coalesce(t), bitwise=True, coalesced=True, layout="coo")
 
 
 def test_batch_key_separates_what_must_not_merge():
     t = SparseTensor(indices=[[0, 1]], values=[1.0], dense_shape=[2, 2])
-    key = lambda op, **args: batching.batch_key(REGISTRY.get(op), REGISTRY.get(op).bind(args))
+    def key(op, **args):
+        return batching.batch_key(REGISTRY.get(op), REGISTRY.get(op).bind(args))
+
     assert key("to_dense", sp_input=t) is None  # a dense output sized by the shape
     assert key("add", a=t, b=t) is None  # two tensors
     assert key("map_values", sp_input=t, fn="neg") != key("map_values", sp_input=t, fn="abs")

@@ -35,6 +35,10 @@ from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
 from conftest import ROOT, ServerProcess, make_client, run_op
+from helpers import assert_eq
+from strategies import random_coo
+
+SAME = {"exact": True, "coalesced": True, "same_type": True}  # integer values: sums exact in any order
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -79,25 +83,10 @@ def execute(svc: Service, op: str, args: dict, keep: bool = False, tenant: str =
 
 
 def coo(shape, nnz, seed=0, dtype=np.float64, hybrid=(), sort=True) -> SparseTensor:
-    """Integer-valued entries: sums are exact in any order, so exact comparison is fair."""
-    rng = np.random.default_rng(seed)
-    idx = np.stack([rng.integers(0, n, nnz) for n in shape], axis=1)
-    if sort:
-        idx = np.unique(idx, axis=0)
-    values = rng.integers(-4, 5, (len(idx), *hybrid)).astype(dtype)
-    return SparseTensor(indices=idx, values=values, dense_shape=(*shape, *hybrid), coalesced=sort)
-
-
-def assert_same(got, want):
-    assert type(got) is type(want) or (isinstance(got, np.ndarray) and isinstance(want, np.ndarray))
-    if isinstance(want, SparseTensor):
-        assert (got.layout, got.dense_shape, got.dtype, got.coalesced) == \
-               (want.layout, want.dense_shape, want.dtype, want.coalesced)
-        for a, b in zip(got.arrays(), want.arrays()):
-            assert a.dtype == b.dtype and np.array_equal(a, b)
-    else:
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert np.array_equal(got, want, equal_nan=True)
+    """Integer-valued entries: sums are exact in any order, so exact comparison is fair.
+    ``sort``: coalesced (distinct positions, sorted, flagged); else repeats in any order."""
+    return random_coo(np.random.default_rng(seed), (*shape, *hybrid), nnz, dtype, len(shape), coalesced=sort,
+                      values={"low": -4, "high": 4, "halves": False})
 
 
 def put(svc: Service, tensor, partitions: int = 3, tenant: str = "") -> str:
@@ -139,7 +128,7 @@ def test_split_then_join_gives_the_tensor_back(tensor):
         order = np.argsort(np.searchsorted(bounds[1:-1], tensor.indices[:, 0], side="right"), kind="stable")
         tensor = SparseTensor(indices=tensor.indices[order], values=tensor.values[order],
                               dense_shape=tensor.dense_shape)
-    assert_same(joined, tensor)
+    assert_eq(joined, tensor, **SAME)
 
 
 def test_csr_blocks_join_back_and_balance_entries():
@@ -153,7 +142,7 @@ def test_csr_blocks_join_back_and_balance_entries():
     blocks = part.split_rows(t, bounds)
     nnz = [b.nnz for b in blocks]
     assert abs(nnz[0] - nnz[1]) <= 8, nnz  # by entries, not rows: an even row split gives 31 vs 15
-    assert_same(part.join_rows(blocks, bounds), t)
+    assert_eq(part.join_rows(blocks, bounds), t, **SAME)
 
 
 # ------------------------------------------------------------------ every plan vs one node
@@ -207,7 +196,7 @@ def test_partitioned_op_equals_single_node(service, single, op, arg, tensor, arg
     if op == "coalesce" or op == "reorder":
         # The partitioned tensor is what get returns (entries grouped by block): the reference too.
         want = execute(single, op, {arg: run(service.get(handle, "")), **args})
-    assert_same(got, want)
+    assert_eq(got, want, **SAME)
 
 
 @pytest.mark.parametrize("partitions", [2, 5, 7])
@@ -216,19 +205,19 @@ def test_reduction_trees_of_any_depth(service, single, partitions):
     handle = HandleRef(put(service, ints, partitions=partitions))
     for op in ("reduce_sum", "reduce_max"):
         for args in ({}, {"axis": [0]}, {"axis": [0], "keepdims": True}, {"axis": [0], "output_is_sparse": True}):
-            assert_same(execute(service, op, {"sp_input": handle, **args}),
-                        execute(single, op, {"sp_input": ints, **args}))
+            assert_eq(execute(service, op, {"sp_input": handle, **args}),
+                      execute(single, op, {"sp_input": ints, **args}), **SAME)
 
 
 def test_csr_matmul_and_reduction(service, single):
     csr = execute(single, "convert", {"sp_input": A, "layout": "csr"})
     handle = put(service, csr, partitions=2)
-    assert_same(run(service.get(handle, "")), csr)
+    assert_eq(run(service.get(handle, "")), csr, **SAME)
     b = _rng.integers(-3, 4, (40, 3)).astype(np.float64)
-    assert_same(execute(service, "matmul", {"a": HandleRef(handle), "b": b}),
-                execute(single, "matmul", {"a": csr, "b": b}))
-    assert_same(execute(service, "reduce_sum", {"sp_input": HandleRef(handle), "axis": [0]}),
-                execute(single, "reduce_sum", {"sp_input": csr, "axis": [0]}))
+    assert_eq(execute(service, "matmul", {"a": HandleRef(handle), "b": b}),
+              execute(single, "matmul", {"a": csr, "b": b}), **SAME)
+    assert_eq(execute(service, "reduce_sum", {"sp_input": HandleRef(handle), "axis": [0]}),
+              execute(single, "reduce_sum", {"sp_input": csr, "axis": [0]}), **SAME)
 
 
 def test_what_the_scheduler_holds_per_handle_is_small(service, dask):
@@ -250,11 +239,11 @@ def test_concat_along_rows_mixes_partitioned_and_inline(service, single):
     b = coo((50, 40), 200, seed=9)
     handle = put(service, A)
     got = execute(service, "concat", {"axis": 0, "sp_inputs": [HandleRef(handle), b, HandleRef(handle)]})
-    assert_same(got, execute(single, "concat", {"axis": 0, "sp_inputs": [A, b, A]}))
+    assert_eq(got, execute(single, "concat", {"axis": 0, "sp_inputs": [A, b, A]}), **SAME)
     # Along another axis there is no plan: gathered, same answer.
     c = coo((300, 5), 100, seed=10)
-    assert_same(execute(service, "concat", {"axis": 1, "sp_inputs": [HandleRef(handle), c]}),
-                execute(single, "concat", {"axis": 1, "sp_inputs": [A, c]}))
+    assert_eq(execute(service, "concat", {"axis": 1, "sp_inputs": [HandleRef(handle), c]}),
+              execute(single, "concat", {"axis": 1, "sp_inputs": [A, c]}), **SAME)
 
 
 def test_kept_results_stay_partitioned_and_chain(service, single):
@@ -263,8 +252,8 @@ def test_kept_results_stay_partitioned_and_chain(service, single):
     assert service.cluster.holds(service.cluster.lookup(kept.handle, ""))
     summed = execute(service, "reduce_sum", {"sp_input": kept, "axis": [0, 1]})
     want_t = execute(single, "transpose", {"sp_input": A3, "perm": [1, 0, 2]})
-    assert_same(summed, execute(single, "reduce_sum", {"sp_input": want_t, "axis": [0, 1]}))
-    assert_same(run(service.get(kept.handle, "")), want_t)
+    assert_eq(summed, execute(single, "reduce_sum", {"sp_input": want_t, "axis": [0, 1]}), **SAME)
+    assert_eq(run(service.get(kept.handle, "")), want_t, **SAME)
 
 
 def test_pipelines_gather_partitioned_inputs(service, single):
@@ -272,8 +261,8 @@ def test_pipelines_gather_partitioned_inputs(service, single):
     steps = [("t", "transpose", {"sp_input": HandleRef(handle)}),
              ("s", "reduce_sum", {"sp_input": OutputRef("t.output"), "axis": [1]})]
     got = dict(run(service.execute_pipeline(steps, ["s.output"], False, "")))["s.output"]
-    assert_same(got, execute(single, "reduce_sum", {"sp_input": execute(single, "transpose", {"sp_input": A}),
-                                                     "axis": [1]}))
+    assert_eq(got, execute(single, "reduce_sum", {"sp_input": execute(single, "transpose", {"sp_input": A}),
+                                                   "axis": [1]}), **SAME)
 
 
 # ------------------------------------------------------------------ refusals
@@ -343,7 +332,7 @@ def test_big_tensors_are_partitioned_without_asking(cluster):
         assert svc.store.stats()[0] == 1  # the small one is here, the big one on the workers
         assert svc.store.get(h_small, "") is not None
         assert len(svc.cluster.lookup(h_big, "").blocks) == 2  # one per worker thread
-        assert_same(run(svc.get(h_big, "")), big)
+        assert_eq(run(svc.get(h_big, "")), big, **SAME)
         kept = execute(svc, "to_dense", {"sp_input": HandleRef(h_big)}, keep=True)  # a big result too
         assert svc.cluster.holds(svc.cluster.lookup(kept.handle, ""))
     finally:
@@ -359,8 +348,8 @@ def test_replicas_share_handles_and_delete_frees_the_blocks(cluster, dask, singl
         keys = block_keys(a, handle)
         assert len(held(dask, keys)) == 3
         v = np.arange(40.0)
-        assert_same(execute(b, "matmul", {"a": HandleRef(handle), "b": v}),
-                    execute(single, "matmul", {"a": A, "b": v}))
+        assert_eq(execute(b, "matmul", {"a": HandleRef(handle), "b": v}),
+                  execute(single, "matmul", {"a": A, "b": v}), **SAME)
         with pytest.raises(PermissionDeniedError):
             run(b.get(handle, "someone-else"))
         run(b.delete(handle, ""))  # through the other replica
@@ -404,8 +393,8 @@ def test_a_closed_dask_client_is_replaced_on_the_next_call(cluster, single):
         svc.cluster.client.close()
         handle = put(svc, A)
         v = np.arange(40.0)
-        assert_same(execute(svc, "matmul", {"a": HandleRef(handle), "b": v}),
-                    execute(single, "matmul", {"a": A, "b": v}))
+        assert_eq(execute(svc, "matmul", {"a": HandleRef(handle), "b": v}),
+                  execute(single, "matmul", {"a": A, "b": v}), **SAME)
     finally:
         svc.close()
 
@@ -468,10 +457,10 @@ def test_servers_on_one_cluster_over_both_wires(cluster, dask):
             assert np.array_equal(kept_half.indices, want.indices) and np.array_equal(kept_half.values, want.values)
             rest_handle = rest_client.put(AH, partitions=3)
             # JSON carries no coalesced flag: the tensor as it arrived.
-            assert_same(grpc_client.get(rest_handle), SparseTensor(indices=AH.indices, values=AH.values,
-                                                                   dense_shape=AH.dense_shape))
+            assert_eq(grpc_client.get(rest_handle), SparseTensor(indices=AH.indices, values=AH.values,
+                                                                 dense_shape=AH.dense_shape), **SAME)
             kept = grpc_client.transpose(handle, keep=True)
-            assert_same(grpc_client.get(kept), run_op("transpose", sp_input=A))
+            assert_eq(grpc_client.get(kept), run_op("transpose", sp_input=A), **SAME)
             for wire_client in (grpc_client, rest_client):
                 with pytest.raises(InvalidArgumentError) as err:
                     wire_client.put(A, partitions=-2)
@@ -482,7 +471,7 @@ def test_servers_on_one_cluster_over_both_wires(cluster, dask):
 
             async_handle = run(async_put())
             assert len(block_keys_of(dask, async_handle.handle)) == 2
-            assert_same(grpc_client.get(async_handle), A3)
+            assert_eq(grpc_client.get(async_handle), A3, **SAME)
             keys = block_keys_of(dask, handle.handle)
             rest_client.delete(handle)
             with pytest.raises(NotFoundError):

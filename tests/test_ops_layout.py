@@ -21,12 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, ResourceExhaustedError, SparseTensor
-from sparseserve.core.convert import as_tensor
+from sparseserve.core.convert import as_tensor, torch_to_tensor
 from sparseserve.core.dtypes import DTYPE_NAMES
 from sparseserve.kernels._parallel import PARALLEL_MIN
 from sparseserve.server.ops._layouts import as_coo, as_csr
 from sparseserve.server.ops.layout import _convert_bytes
 from conftest import op_raises, run_op
+from helpers import assert_eq
+from strategies import random_values
 
 warnings.filterwarnings("ignore", message=".*Sparse.*")
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -35,6 +37,9 @@ COMPRESSED = ("csr", "csc", "bsr", "bsc")
 # torch lacks sparse kernels for the wide unsigned types: their structure is checked
 # against torch through int64 values.
 TORCH_PROXY = {"uint16": "int64", "uint32": "int64", "uint64": "int64"}
+# Values 1..3 (bools all True, complex with positive parts): they never sum to zero, so the dense
+# reference keeps exactly the stored positions (torch's dense conversion drops zeros).
+POSITIVE = {"low": 1, "high": 3, "halves": False}
 
 
 # ------------------------------------------------------------------ references
@@ -59,27 +64,14 @@ def torch_reference(dense: np.ndarray, layout: str, blocksize, dense_dim: int):
 
 
 def assert_matches_torch(out: SparseTensor, ref, flag_carried: bool = True) -> None:
-    assert out.dense_shape == tuple(ref.shape)
-    if out.layout == "coo":
-        assert out.coalesced or not flag_carried
-        np.testing.assert_array_equal(out.indices, ref.indices().numpy().T)
-        np.testing.assert_array_equal(out.values, ref.values().numpy().astype(out.dtype))
-        return
-    compressed, plain = ("crow_indices", "col_indices") if out.layout in ("csr", "bsr") else \
-        ("ccol_indices", "row_indices")
-    np.testing.assert_array_equal(out.compressed_indices, getattr(ref, compressed)().numpy())
-    np.testing.assert_array_equal(out.plain_indices, getattr(ref, plain)().numpy())
-    np.testing.assert_array_equal(out.values, ref.values().numpy().astype(out.dtype))
-
-
-def positive_values(rng, shape, dtype) -> np.ndarray:
-    """Values that never sum to zero, so the dense reference keeps exactly the stored
-    positions (torch's dense conversion drops zeros)."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return np.ones(shape, bool)
-    raw = rng.integers(1, 4, size=shape)
-    return (raw + 1j * raw).astype(dtype) if dtype.kind == "c" else raw.astype(dtype)
+    """``out`` is torch's ``ref`` exactly, but for index dtypes (an int32 input keeps them) and
+    the values' dtype (torch's through TORCH_PROXY for the wide unsigned types); a COO ``out``
+    carries torch's coalesced flag (True) unless ``flag_carried`` is False."""
+    want = torch_to_tensor(ref)
+    want = SparseTensor(layout=want.layout, indices=want.indices, compressed_indices=want.compressed_indices,
+                        plain_indices=want.plain_indices, values=want.values.astype(out.dtype),
+                        dense_shape=want.dense_shape, blocksize=want.blocksize, coalesced=want.coalesced)
+    assert_eq(out, want, exact=True, index_dtype=False, coalesced=flag_carried and out.layout == "coo")
 
 
 @st.composite
@@ -105,7 +97,7 @@ def batched_coo(draw, dtypes=DTYPE_NAMES, max_batch_dims=2):
         indices = np.concatenate([indices, indices[rng.integers(0, indices.shape[0], 3)]])  # duplicates
     if draw(st.booleans()):
         indices = indices[rng.permutation(indices.shape[0])]
-    values = positive_values(rng, (indices.shape[0], *dense), dtype)
+    values = random_values(rng, (indices.shape[0], *dense), dtype, **POSITIVE)
     return SparseTensor(indices=indices, values=values, dense_shape=(*batch, rows, cols, *dense)), block
 
 

@@ -17,17 +17,10 @@ from sparseserve import (AsyncClient, InvalidArgumentError, NotFoundError, Remot
 from sparseserve.core.dtypes import DTYPE_NAMES
 
 from conftest import WIRES, make_client
+from helpers import assert_eq
+from strategies import random_coo
 
-
-def random_coo(rng, shape, nnz, dtype="float64", sparse_ndim=None, duplicates=True):
-    sparse_ndim = len(shape) if sparse_ndim is None else sparse_ndim
-    idx = np.stack([rng.integers(0, d, nnz) for d in shape[:sparse_ndim]], axis=1) if nnz else \
-        np.zeros((0, sparse_ndim), np.int64)
-    if duplicates and nnz > 2:
-        idx[-1] = idx[0]
-    values = rng.integers(1, 5, size=(nnz, *shape[sparse_ndim:]))
-    values = (values > 2) if dtype == "bool" else values.astype(dtype)
-    return SparseTensor(indices=idx, values=values, dense_shape=shape)
+VALUES = {"low": 0, "high": 4, "halves": False}  # small integers, also as floats: exact on every wire
 
 
 def reference_dense(t: SparseTensor) -> np.ndarray:
@@ -53,7 +46,7 @@ def test_op_methods_are_made_once_and_follow_the_catalogue(client):
     catalogue = client.list_ops()
     client._set_catalogue(client.device, [op for name, op in catalogue.items() if name != "reorder"])
     with pytest.raises(AttributeError):
-        client.reorder  # a catalogue without the op drops the method made from the old one
+        _ = client.reorder  # a catalogue without the op drops the method made from the old one
     client._set_catalogue(client.device, list(catalogue.values()))
     assert client.reorder is not first and client.reorder(SparseTensor(indices=[[1], [0]], values=[2.0, 1.0],
                                                                         dense_shape=[2])).values.tolist() == [1.0, 2.0]
@@ -62,7 +55,7 @@ def test_op_methods_are_made_once_and_follow_the_catalogue(client):
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_every_dtype_through_every_op(server, dtype):
     rng = np.random.default_rng(len(dtype))
-    t = random_coo(rng, (5, 4, 3), 12, dtype, sparse_ndim=2)  # hybrid, with a duplicate
+    t = random_coo(rng, (5, 4, 3), 12, dtype, sparse_ndim=2, values=VALUES)  # hybrid, with a duplicate
     for wire in WIRES:
         with make_client(server, wire) as c:
             co = c.coalesce(t)
@@ -232,7 +225,7 @@ def test_big_requests_go_by_execute_stream_with_the_same_answers(server):
     """Requests over ``stream_above_bytes`` travel as MessageFrames both ways (sync and async
     SDK); answers, kept handles and errors are those of unary Execute."""
     rng = np.random.default_rng(5)
-    st = random_coo(rng, (300, 400), 3000)
+    st = random_coo(rng, (300, 400), 3000, values=VALUES)
     dense = rng.standard_normal((300, 400))
 
     def refuse_unary(*args, **kwargs):
@@ -241,11 +234,11 @@ def test_big_requests_go_by_execute_stream_with_the_same_answers(server):
     with make_client(server, "grpc") as unary, make_client(server, "grpc", stream_above_bytes=0) as c:
         c._raw.execute = refuse_unary
         product = unary.mul(st, dense)
-        assert_same_tensor(c.mul(st, dense), product)
+        assert_eq(c.mul(st, dense), product, exact=True)
         assert np.array_equal(c.to_dense(st, validate_indices=False), reference_dense(st))
         kept = c.add(st, st, keep=True)
         assert isinstance(kept, RemoteTensor)
-        assert_same_tensor(c.get(kept), unary.add(st, st))
+        assert_eq(c.get(kept), unary.add(st, st), exact=True)
         with pytest.raises(InvalidArgumentError) as info:
             c.to_dense(SparseTensor(indices=[[5]], values=[1.0], dense_shape=[3]))
         assert info.value.reason == "INDEX_OUT_OF_RANGE"
@@ -255,12 +248,7 @@ def test_big_requests_go_by_execute_stream_with_the_same_answers(server):
             ac._raw.execute = refuse_unary
             return await ac.call("mul", sp_input=st, dense=dense)
 
-    assert_same_tensor(asyncio.run(main()), product)
-
-
-def assert_same_tensor(a: SparseTensor, b: SparseTensor) -> None:
-    assert a.dense_shape == b.dense_shape and a.dtype == b.dtype
-    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values, b.values)
+    assert_eq(asyncio.run(main()), product, exact=True)
 
 
 def test_raw_execute_stream_refuses_bad_streams_and_keeps_serving(server):
@@ -341,7 +329,7 @@ def test_sdk_methods_come_from_the_catalogue(server):
         assert sig.parameters["validate_indices"].default is True
         assert "tf.sparse.to_dense" in c.to_dense.__doc__
         with pytest.raises(AttributeError):
-            c.not_an_op
+            _ = c.not_an_op
 
 
 def test_inputs_from_scipy_and_tensorflow_like_objects(client):

@@ -17,7 +17,6 @@ import time
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from sparseserve import (AsyncClient, Client, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
                          SparseTensor, UnavailableError, UnimplementedError)
@@ -26,6 +25,8 @@ from sparseserve.core.codec import tensor_to_pb
 from sparseserve.core.dtypes import DTYPE_NAMES
 from sparseserve.v1 import sparseserve_pb2 as pb
 from conftest import ServerProcess, make_client
+from helpers import assert_eq
+from strategies import coo_tensors, random_coo
 
 SHM_DIR = "/dev/shm"
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="needs POSIX shared memory in /dev/shm")
@@ -49,45 +50,16 @@ def no_leaks():
     assert segments() - before == set()
 
 
-def assert_same(a, b):
-    if isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and b.dtype == a.dtype and b.shape == a.shape
-        np.testing.assert_array_equal(b, a)
-        return
-    assert isinstance(b, SparseTensor)
-    assert (b.layout, b.dense_shape, b.coalesced) == (a.layout, a.dense_shape, a.coalesced)
-    assert (b.blocksize is None) == (a.blocksize is None)
-    if a.blocksize is not None:
-        assert tuple(b.blocksize) == tuple(a.blocksize)
-    for x, y in zip(a.arrays(), b.arrays()):
-        assert y.dtype == x.dtype and y.shape == x.shape
-        np.testing.assert_array_equal(y, x)
-
-
-def values_of(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    raw = rng.integers(0 if dtype.kind in "ub" else -50, 50, size=shape)
-    if dtype.kind == "b":
-        return (raw % 2).astype(bool)
-    if dtype.kind == "c":
-        return (raw + 1j * rng.integers(-50, 50, size=shape)).astype(dtype)
-    return raw.astype(dtype)
-
-
-def coo(rng, dense_shape, nnz, dtype=np.float64, dense_dims=0):
-    sparse = dense_shape[:len(dense_shape) - dense_dims]
-    indices = np.stack([rng.integers(0, d, nnz) for d in sparse], axis=1) if nnz else np.zeros((0, len(sparse)))
-    return SparseTensor(indices=indices.astype(np.int64),
-                        values=values_of(rng, (nnz, *dense_shape[len(sparse):]), dtype), dense_shape=dense_shape)
+VALUES = {"low": -50, "high": 49, "halves": False}
 
 
 def examples():
     rng = np.random.default_rng(3)
     return {
-        "coo": coo(rng, [50, 40], 300),
+        "coo": random_coo(rng, (50, 40), 300, values=VALUES),
         "coo-coalesced": SparseTensor(indices=[[0, 1], [1, 0]], values=[3.0, 4.0], dense_shape=[2, 2],
                                       coalesced=True),
-        "hybrid": coo(rng, [20, 30, 3, 2], 100, np.float32, dense_dims=2),
+        "hybrid": random_coo(rng, (20, 30, 3, 2), 100, np.float32, 2, values=VALUES),
         "csr-int32": SparseTensor(layout="csr", compressed_indices=np.array([0, 2, 2, 3], np.int32),
                                   plain_indices=np.array([0, 3, 1], np.int32), values=[1.5, 2.5, 3.5],
                                   dense_shape=[3, 4]),
@@ -105,7 +77,7 @@ def examples():
         "empty-csr": SparseTensor(layout="csr", compressed_indices=[0, 0, 0], plain_indices=[], values=[],
                                   dense_shape=[2, 3]),
         "empty-dense": np.zeros((0, 3), np.uint16),
-        **{f"dtype-{d}": coo(rng, [7, 9], 12, d) for d in DTYPE_NAMES},
+        **{f"dtype-{d}": random_coo(rng, (7, 9), 12, d, values=VALUES) for d in DTYPE_NAMES},
     }
 
 
@@ -118,9 +90,9 @@ def test_round_trip_and_no_segment_left(grpc_client, no_leaks, name):
     tensor = EXAMPLES[name]
     remote = grpc_client.put(tensor, shared_memory=True)
     assert remote.nbytes == (tensor.nbytes if isinstance(tensor, SparseTensor) else tensor.nbytes)
-    assert_same(tensor, grpc_client.get(remote, shared_memory=True))
+    assert_eq(grpc_client.get(remote, shared_memory=True), tensor, exact=True, coalesced=True)
     # The server kept exactly that tensor: the streamed path reads the same.
-    assert_same(tensor, grpc_client.get(remote))
+    assert_eq(grpc_client.get(remote), tensor, exact=True, coalesced=True)
     grpc_client.delete(remote)
 
 
@@ -128,7 +100,7 @@ def test_round_trip_and_no_segment_left(grpc_client, no_leaks, name):
 def test_streamed_put_then_shared_get(grpc_client, no_leaks, name):
     tensor = EXAMPLES[name]
     remote = grpc_client.put(tensor)
-    assert_same(tensor, grpc_client.get(remote.handle, shared_memory=True))
+    assert_eq(grpc_client.get(remote.handle, shared_memory=True), tensor, exact=True, coalesced=True)
     grpc_client.delete(remote)
 
 
@@ -138,7 +110,7 @@ def test_results_are_writable_copies(grpc_client, no_leaks):
     remote = grpc_client.put(tensor, shared_memory=True)
     back = grpc_client.get(remote, shared_memory=True)
     back.values[0] += 1
-    assert_same(tensor, grpc_client.get(remote, shared_memory=True))
+    assert_eq(grpc_client.get(remote, shared_memory=True), tensor, exact=True, coalesced=True)
     grpc_client.delete(remote)
 
 
@@ -152,15 +124,12 @@ def test_big_endian_input_arrives_native(grpc_client, no_leaks):
 
 
 @settings(max_examples=30, deadline=None)
-@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), dense_dims=st.integers(0, 2),
-       nnz=st.integers(0, 40), dtype=st.sampled_from(DTYPE_NAMES), seed=st.integers(0, 2 ** 32 - 1))
-def test_random_coo_round_trips(server, shape, dense_dims, nnz, dtype, seed):
-    dense_dims = min(dense_dims, len(shape) - 1)
-    tensor = coo(np.random.default_rng(seed), shape, nnz, dtype, dense_dims)
+@given(tensor=coo_tensors(max_rank=4, min_dim=1, max_dim=6, max_nnz=40, values=VALUES))
+def test_random_coo_round_trips(server, tensor):
     before = segments()
     with Client(server.grpc_target) as c:
         back = c.get(c.put(tensor, shared_memory=True), shared_memory=True)
-    assert_same(tensor, back)
+    assert_eq(back, tensor, exact=True, coalesced=True)
     np.testing.assert_array_equal(back.to_dense(), tensor.to_dense())
     assert segments() - before == set()
 
@@ -172,7 +141,7 @@ def test_tensor_over_64_mib(grpc_client, no_leaks):
     tensor = SparseTensor(indices=indices, values=rng.standard_normal(nnz), dense_shape=[nnz // 1000 + 1, 1000])
     remote = grpc_client.put(tensor, shared_memory=True)
     assert remote.nbytes == tensor.nbytes > 64 << 20
-    assert_same(tensor, grpc_client.get(remote, shared_memory=True))
+    assert_eq(grpc_client.get(remote, shared_memory=True), tensor, exact=True, coalesced=True)
     grpc_client.delete(remote)
 
 
@@ -190,8 +159,8 @@ def test_async_client_round_trip(server, no_leaks, name):
 
     nbytes, shared, streamed = asyncio.run(main())
     assert nbytes == tensor.nbytes
-    assert_same(tensor, shared)
-    assert_same(tensor, streamed)  # the server kept exactly that tensor
+    assert_eq(shared, tensor, exact=True, coalesced=True)
+    assert_eq(streamed, tensor, exact=True, coalesced=True)  # the server kept exactly that tensor
 
 
 def test_async_put_cancelled_mid_copy_leaves_no_segment(server, no_leaks):
@@ -335,8 +304,8 @@ def test_server_keeps_serving_after_hostile_requests(server, grpc_client, no_lea
         with pytest.raises((InvalidArgumentError, NotFoundError)):
             put_shared(grpc_client, segment, DENSE_HEADER)
     assert server.proc.poll() is None
-    assert_same(EXAMPLES["hybrid"], grpc_client.get(grpc_client.put(EXAMPLES["hybrid"], shared_memory=True),
-                                                    shared_memory=True))
+    assert_eq(grpc_client.get(grpc_client.put(EXAMPLES["hybrid"], shared_memory=True), shared_memory=True),
+              EXAMPLES["hybrid"], exact=True, coalesced=True)
 
 
 def test_segment_shrunk_mid_read_is_an_error_not_a_crash():
@@ -464,7 +433,7 @@ def test_read_copies_out_and_unlinks():
     tensor = EXAMPLES["hybrid"]
     msg = shared.export(tensor)
     back = shared.read(msg, max_bytes=1 << 20)
-    assert_same(tensor, back)
+    assert_eq(back, tensor, exact=True, coalesced=True)
     assert msg.segment not in segments()
     assert back.values.flags.writeable and back.values.ctypes.data % back.values.dtype.alignment == 0
     with pytest.raises(ResourceExhaustedError) as info:
@@ -494,10 +463,10 @@ def test_big_arrays_are_read_in_parallel_pieces(monkeypatch):
     monkeypatch.setattr(layout, "_PARALLEL_BYTES", 1000)
     monkeypatch.setattr(layout, "_READ_THREADS", 3)
     rng = np.random.default_rng(5)
-    tensor = coo(rng, [300, 300], 5000, np.complex128)  # pieces not a multiple of the 4 KiB step
+    tensor = random_coo(rng, (300, 300), 5000, np.complex128, values=VALUES)  # pieces not a multiple of the 4 KiB step
     shared = SharedSegments(60)
     try:
-        assert_same(tensor, shared.read(shared.export(tensor), max_bytes=1 << 30))
+        assert_eq(shared.read(shared.export(tensor), max_bytes=1 << 30), tensor, exact=True, coalesced=True)
         shm = layout.create_segment(100_000)
         try:
             fd = layout.open_segment(shm.name, "")
