@@ -18,29 +18,32 @@ from sparseserve import (Client, ResourceExhaustedError, SparseTensor, Unauthent
 from sparseserve.server.config import build_parser, env_name
 
 from conftest import ServerProcess
+from helpers import example, examples
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-SEMANTICS = (ROOT / "docs" / "semantics.md").read_text()
+CURL_EXAMPLES = ("curl-coalesce", "curl-error", "curl-pipeline")  # each answered by "<tag>-output"
 
 
-def _blocks(lang: str, text: str = README) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
-
-
-@pytest.mark.parametrize("text, example", [(README, 0), (README, 1), (SEMANTICS, 0)],
+@pytest.mark.parametrize("path, tag", [("README.md", "quickstart"), ("README.md", "pipeline"),
+                                       ("docs/semantics.md", "linear-algebra")],
                          ids=["quickstart", "pipeline", "linear-algebra"])
-def test_readme_sdk_examples_print_what_they_say(server, text, example):
-    code = _blocks("python", text)[example].replace("localhost:50051", server.grpc_target)
+def test_readme_sdk_examples_print_what_they_say(server, path, tag):
+    code = example(path, tag).replace("localhost:50051", server.grpc_target)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == _blocks("text", text)[example]
+    assert result.stdout == example(path, f"{tag}-output")
 
 
 def test_readme_curl_examples_answer_what_they_say(server):
-    commands, answers = _blocks("sh")[1:], _blocks("json")
-    assert len(commands) == len(answers) == 3
-    for command, answer in zip(commands, answers):
+    tagged = examples("README.md")
+    # Every curl command and JSON answer in the README is one of these (a new one needs a tag).
+    assert sorted(b for b in re.findall(r"```sh\n(.*?)```", README, flags=re.S) if "curl " in b) == \
+        sorted(tagged[tag] for tag in CURL_EXAMPLES)
+    assert sorted(re.findall(r"```json\n(.*?)```", README, flags=re.S)) == \
+        sorted(tagged[f"{tag}-output"] for tag in CURL_EXAMPLES)
+    for tag in CURL_EXAMPLES:
+        command, answer = tagged[tag], tagged[f"{tag}-output"]
         path = re.search(r"localhost:8000(\S+)", command).group(1)
         body = re.search(r"-d '(.*)'", command, flags=re.S).group(1)
         headers = dict(re.findall(r"-H '([^:]+): ([^']*)'", command))

@@ -35,7 +35,7 @@ from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
 from conftest import ROOT, ServerProcess, make_client, run_op
-from helpers import assert_eq
+from helpers import assert_eq, example
 from strategies import random_coo
 
 SAME = {"exact": True, "coalesced": True, "same_type": True}  # integer values: sums exact in any order
@@ -490,9 +490,7 @@ def block_keys_of(dask: Client, handle: str) -> list[str]:
 
 
 def test_readme_example_prints_what_it_says(cluster):
-    readme = (ROOT / "docs" / "scale-out.md").read_text()
-    code, printed = re.search(r"```python\n([^`]*partitions=4[^`]*)```\n\n```text\n(.*?)```", readme,
-                              flags=re.S).groups()
+    code, printed = example("docs/scale-out.md", "scale-out"), example("docs/scale-out.md", "scale-out-output")
     server = ServerProcess("--dask-scheduler", cluster.scheduler_address)
     try:
         code = code.replace("localhost:50051", server.grpc_target)
