@@ -11,12 +11,14 @@ import threading
 import numpy as np
 import pytest
 
-from sparseserve import Client, SparseTensor
+from sparseserve import Client
 from sparseserve.core.codec import assemble
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.server.buffers import BufferPool
 
 from conftest import ServerProcess
+from helpers import assert_eq
+from strategies import random_coo
 from test_observability import scrape
 
 MiB = 1 << 20
@@ -133,10 +135,7 @@ def test_threads_taking_and_dropping_never_share_a_block():
 # ------------------------------------------------------------------ against a server
 def coo(nbytes: int, seed: int):
     """A COO tensor of about ``nbytes``: 24 bytes a nonzero (two int64 indices, a float64)."""
-    rng = np.random.default_rng(seed)
-    nnz = nbytes // 24
-    return SparseTensor(indices=rng.integers(0, 1000, (nnz, 2)), values=rng.standard_normal(nnz),
-                        dense_shape=[1000, 1000])
+    return random_coo(np.random.default_rng(seed), (1000, 1000), nbytes // 24, repeat=False, values={"normal": True})
 
 
 def takes(s: ServerProcess) -> tuple[int, int]:
@@ -181,7 +180,7 @@ def test_a_tensor_deleted_mid_get_is_not_overwritten_by_the_next_upload(pooled):
         assert takes(pooled) == (reused, allocated + 2), "the upload took blocks a get still reads"
         frames.extend(stream)
     back = assemble(frames)
-    assert np.array_equal(back.indices, original.indices) and np.array_equal(back.values, original.values)
+    assert_eq(back, original, exact=True)
 
 
 def test_the_pool_flag_is_checked():

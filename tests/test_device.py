@@ -28,6 +28,8 @@ from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
 from conftest import ServerProcess
+from helpers import assert_eq
+from strategies import random_coo
 
 
 @pytest.fixture
@@ -46,9 +48,7 @@ def cpu():
 
 def sample(n: int = 40, seed: int = 0) -> SparseTensor:
     """Unsorted float64 COO with repeated entries."""
-    rng = np.random.default_rng(seed)
-    indices = rng.integers(0, 6, size=(n, 2))
-    return SparseTensor(indices=indices, values=rng.standard_normal(n), dense_shape=[6, 6])
+    return random_coo(np.random.default_rng(seed), (6, 6), n, values={"normal": True})
 
 
 def execute(service: Service, op: str, args: dict, keep: bool = False):
@@ -75,8 +75,7 @@ def test_put_keeps_the_tensor_in_device_memory_and_the_store_counts_its_bytes(gp
     assert gpu.store.stats() == (1, nbytes)
     fetched = asyncio.run(gpu.get(handle, ""))  # a fetch copies it to the host for the wire
     assert type(fetched) is SparseTensor and isinstance(fetched.values, np.ndarray)
-    np.testing.assert_array_equal(fetched.indices, st.indices)
-    np.testing.assert_array_equal(fetched.values, st.values)
+    assert_eq(fetched, st, exact=True)
 
 
 def test_kept_results_stay_on_the_device_and_answers_leave_from_the_host(gpu, cpu):
@@ -99,8 +98,7 @@ def test_an_op_without_a_gpu_kernel_runs_on_the_cpu_logged_and_counted(gpu, cpu,
     held = asyncio.run(gpu.get(h.handle, ""))
     want = execute(cpu, "slice", {"sp_input": held, "start": [1, 0], "size": [4, 5]})["output"]
     assert type(got) is SparseTensor
-    np.testing.assert_array_equal(got.indices, want.indices)
-    np.testing.assert_array_equal(got.values, want.values)
+    assert_eq(got, want, exact=True)
     assert fallbacks(gpu) == {("slice", "no_gpu_kernel"): 1.0}
     assert any("op slice runs on the CPU: no_gpu_kernel" in r.getMessage() for r in caplog.records)
     assert b'sparseserve_device_fallbacks_total{op="slice",reason="no_gpu_kernel"} 1.0' in gpu.metrics.render()
@@ -124,8 +122,7 @@ def test_a_gpu_kernel_that_cannot_finish_hands_the_call_to_the_cpu_kernel(gpu, c
     st = sample()
     got = execute(gpu, "coalesce", {"sp_input": st})["output"]
     want = execute(cpu, "coalesce", {"sp_input": st})["output"]
-    np.testing.assert_array_equal(got.indices, want.indices)
-    np.testing.assert_array_equal(got.values, want.values)
+    assert_eq(got, want, exact=True)
     assert fallbacks(gpu) == {("coalesce", reason): 1.0}
 
 
@@ -216,11 +213,10 @@ def test_a_merged_batch_on_a_gpu_worker_is_split_on_the_host_and_equals_single_c
     finally:
         service.close()
     assert service.batcher.merged_batches == 1 and split_inputs == [SparseTensor]
-    for t, answer in zip(tensors, answers):
+    for t, answer in zip(tensors, answers, strict=True):
         got, want = dict(answer)["output"], execute(cpu, "coalesce", {"sp_input": t})["output"]
         assert type(got) is SparseTensor
-        np.testing.assert_array_equal(got.indices, want.indices)
-        np.testing.assert_allclose(got.values, want.values, rtol=1e-12)
+        assert_eq(got, want, rtol=1e-12, atol=0)
 
 
 def test_warm_up_runs_the_common_calls_on_the_gpu_kernels(gpu, monkeypatch):

@@ -212,8 +212,7 @@ def test_round_trips(t):
     back = run("reshape", sp_input=flat, shape=list(t.dense_shape))
     np.testing.assert_array_equal(back.indices, t.indices)
     whole = run("slice", sp_input=t, start=[0] * t.ndim, size=list(t.dense_shape))
-    np.testing.assert_array_equal(whole.indices, t.indices)
-    np.testing.assert_array_equal(whole.values, t.values)
+    assert_eq(whole, t, exact=True)
 
 
 # ================================================================ edge cases

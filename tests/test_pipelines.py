@@ -12,12 +12,12 @@ from sparseserve import InvalidArgumentError, NotFoundError, OutputRef, RemoteTe
 from sparseserve.server.config import ServerConfig
 from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
+from strategies import random_coo
 
 
 def sample(seed: int = 0, nnz: int = 40) -> SparseTensor:
-    rng = np.random.default_rng(seed)
-    return SparseTensor(indices=rng.integers(0, 6, (nnz, 2)), values=rng.integers(1, 5, nnz).astype(np.float64),
-                        dense_shape=[6, 7])
+    """Unsorted COO with repeated entries, values 1.0 to 4.0."""
+    return random_coo(np.random.default_rng(seed), (6, 7), nnz, values={"low": 1, "high": 4, "halves": False})
 
 
 def test_a_chain_equals_the_calls_one_by_one(client):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from _oracle import from_tf, raises, run, tf, to_tf
 from helpers import assert_eq
-from strategies import coo_tensors
+from strategies import coo_tensors, random_values
 
 from sparseserve import SparseTensor
 
@@ -26,19 +26,13 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 OPS = {"segment_sum": SUM_DTYPES, "segment_mean": FLOAT_DTYPES, "segment_sqrt_n": FLOAT_DTYPES}
 
 
-def _values(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    raw = rng.integers(0 if dtype.kind == "u" else -5, 6, size=shape)
-    return (raw / 2).astype(dtype) if dtype.kind == "f" else raw.astype(dtype)
-
-
 @st.composite
 def segment_calls(draw, dtypes=SUM_DTYPES):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     dtype = draw(st.sampled_from(dtypes))
     rows = draw(st.integers(1, 6))
     inner = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
-    data = _values(rng, (rows, *inner), dtype)
+    data = random_values(rng, (rows, *inner), dtype)
     k = draw(st.integers(0, 12))
     indices = rng.integers(0, rows, k)
     ids = np.sort(rng.integers(0, 8, k))  # gaps: empty segments, leading ones too
@@ -158,7 +152,7 @@ def test_bincount_dense_matches_tf(seed, dtype, shape, options, big):
     values.reshape(-1)[::2] %= 9  # repeats among big values
     weights = None
     if options["weights"] not in (None, "binary"):
-        weights = _values(rng, shape, options["weights"])
+        weights = random_values(rng, shape, options["weights"])
     want = _tf_bincount(values, weights, options)
     assert_eq(_ours_bincount(values, weights, options), want)
 
@@ -170,7 +164,7 @@ def test_bincount_sparse_matches_tf(t, options, seed):
     t = SparseTensor(indices=t.indices, values=np.abs(t.values), dense_shape=t.dense_shape)
     weights = None
     if options["weights"] not in (None, "binary"):
-        w = _values(np.random.default_rng(seed), (t.nnz,), options["weights"])
+        w = random_values(np.random.default_rng(seed), (t.nnz,), options["weights"])
         weights = SparseTensor(indices=t.indices, values=w, dense_shape=t.dense_shape)
     want = _tf_bincount(to_tf(t), None if weights is None else to_tf(weights), options)
     assert_eq(_ours_bincount(t, weights, options), want)
