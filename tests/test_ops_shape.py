@@ -57,7 +57,7 @@ def assert_row_major(t: SparseTensor):
     assert all(k[1:] >= k[:-1]), t.indices.tolist()
 
 
-def assert_same_dense(out: SparseTensor, expected: np.ndarray):
+def assert_valid_with_dense(out: SparseTensor, expected: np.ndarray):
     """A valid tensor whose dense equivalent is ``expected`` exactly."""
     check_sparse(out, "output")
     assert_eq(dense_of(out), expected, exact=True)
@@ -145,7 +145,7 @@ def test_transpose_property(data):
     perm = random_perm(data.draw, t)
     out = run("transpose", sp_input=t, perm=perm)
     assert out.layout == "coo" and out.nnz == t.nnz  # duplicates kept
-    assert_same_dense(out, dense_of(t).transpose(perm))
+    assert_valid_with_dense(out, dense_of(t).transpose(perm))
     assert_row_major(out)
 
 
@@ -172,7 +172,7 @@ def test_transpose_default_reverses(t):
         raises(InvalidArgumentError, "PERM_MIXES_SPARSE_AND_DENSE", "transpose", sp_input=t)
         return
     out = run("transpose", sp_input=t)
-    assert_same_dense(out, dense_of(t).transpose())
+    assert_valid_with_dense(out, dense_of(t).transpose())
 
 
 @SETTINGS
@@ -181,7 +181,7 @@ def test_reshape_property(data):
     t = data.draw(coo_tensors(DTYPES, values=VALUES))
     shape, resolved = data.draw(new_shapes(t))
     out = run("reshape", sp_input=t, shape=shape)
-    assert_same_dense(out, dense_of(t).reshape(resolved))
+    assert_valid_with_dense(out, dense_of(t).reshape(resolved))
     # Entries keep their order: the same row-major positions, one for one.
     assert keys(out).tolist() == keys(t).tolist()
     np.testing.assert_array_equal(out.values, t.values)
@@ -195,7 +195,7 @@ def test_slice_property(data):
     size = [data.draw(st.integers(0, d + 2)) for d in t.dense_shape]
     out = run("slice", sp_input=t, start=start, size=size)
     box = tuple(slice(b, b + n) for b, n in zip(start, size, strict=True))
-    assert_same_dense(out, dense_of(t)[box])
+    assert_valid_with_dense(out, dense_of(t)[box])
     # Entries keep their input order: the kept ones, shifted.
     s = t.indices.shape[1]
     inside = [i for i in range(t.nnz)
@@ -244,15 +244,15 @@ def test_hybrid_rules():
     dense = dense_of(hy)
     out = run("transpose", sp_input=hy, perm=[1, 0, 3, 2])
     assert out.indices.tolist() == [[0, 1], [0, 1], [2, 0]]  # stable: the duplicate stays in order
-    assert_same_dense(out, dense.transpose(1, 0, 3, 2))
+    assert_valid_with_dense(out, dense.transpose(1, 0, 3, 2))
     raises(InvalidArgumentError, "PERM_MIXES_SPARSE_AND_DENSE", "transpose", sp_input=hy, perm=[2, 1, 0, 3])
     out = run("reshape", sp_input=hy, shape=[3, -1, 2, 2])
-    assert_same_dense(out, dense.reshape(3, 2, 2, 2))
+    assert_valid_with_dense(out, dense.reshape(3, 2, 2, 2))
     raises(InvalidArgumentError, "DENSE_DIMS_CHANGED", "reshape", sp_input=hy, shape=[6, 4])
     raises(InvalidArgumentError, "RANK_TOO_LOW", "reshape", sp_input=hy, shape=[2, 2])
     out = run("slice", sp_input=hy, start=[1, 0, 1, 0], size=[1, 3, 1, 5])
     assert out.values.flags.c_contiguous
-    assert_same_dense(out, dense[1:2, :, 1:2, :])
+    assert_valid_with_dense(out, dense[1:2, :, 1:2, :])
 
 
 def test_outputs_keep_coalesced_hint_only_when_true():
@@ -299,12 +299,12 @@ def test_compressed_transpose_swaps_layout_without_moving_indices(kind):
     assert np.shares_memory(out.plain_indices, t.plain_indices)
     if t.blocksize is not None:
         assert out.blocksize == t.blocksize[::-1]
-    assert_same_dense(out, dense_of(t).transpose(perm))
+    assert_valid_with_dense(out, dense_of(t).transpose(perm))
     # torch reads it back as the same matrix: the arrays are a valid tensor of the new layout.
     np.testing.assert_array_equal(out.to_torch().to_dense().numpy(), tt.to_dense().numpy().transpose(perm))
     same = run("transpose", sp_input=t, perm=[*range(nb + 2), *dense_perm])
     assert same.layout == t.layout
-    assert_same_dense(same, dense_of(t).transpose([*range(nb + 2), *dense_perm]))
+    assert_valid_with_dense(same, dense_of(t).transpose([*range(nb + 2), *dense_perm]))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -316,17 +316,17 @@ def test_compressed_inputs_go_through_coo(kind):
         perm = [1, 2, 0, *range(3, t.ndim)]
         out = run("transpose", sp_input=t, perm=perm)
         assert out.layout == "coo"
-        assert_same_dense(out, dense.transpose(perm))
+        assert_valid_with_dense(out, dense.transpose(perm))
         assert_row_major(out)
     count = int(np.prod(t.dense_shape[:s]))
     out = run("reshape", sp_input=t, shape=[2, -1, 3, *t.dense_shape[s:]])
     assert out.layout == "coo"
-    assert_same_dense(out, dense.reshape(2, count // 6, 3, *t.dense_shape[s:]))
+    assert_valid_with_dense(out, dense.reshape(2, count // 6, 3, *t.dense_shape[s:]))
     assert_row_major(out)
     start, size = [1] * t.ndim, [2] * t.ndim
     out = run("slice", sp_input=t, start=start, size=size)
     assert out.layout == "coo"
-    assert_same_dense(out, dense[tuple(slice(1, 3) for _ in range(t.ndim))])
+    assert_valid_with_dense(out, dense[tuple(slice(1, 3) for _ in range(t.ndim))])
     assert_row_major(out)
 
 
@@ -346,14 +346,14 @@ def test_compressed_property(data):
         {"bsr": tt.to_sparse_bsr, "bsc": tt.to_sparse_bsc}[layout](block)
     t = torch_to_tensor(tt)
     perm = list(data.draw(st.permutations(range(t.ndim))))
-    assert_same_dense(run("transpose", sp_input=t, perm=perm), dense.transpose(perm))
+    assert_valid_with_dense(run("transpose", sp_input=t, perm=perm), dense.transpose(perm))
     flat = run("reshape", sp_input=t, shape=[-1])
-    assert_same_dense(flat, dense.reshape(-1))
+    assert_valid_with_dense(flat, dense.reshape(-1))
     assert_row_major(flat)
     start = [data.draw(st.integers(0, d)) for d in t.dense_shape]
     size = [data.draw(st.integers(0, d)) for d in t.dense_shape]
     box = tuple(slice(b, b + n) for b, n in zip(start, size, strict=True))
-    assert_same_dense(run("slice", sp_input=t, start=start, size=size), dense[box])
+    assert_valid_with_dense(run("slice", sp_input=t, start=start, size=size), dense[box])
 
 
 # ================================================================ errors
