@@ -63,6 +63,8 @@ bench: $(VENV)/.dev
 	$(BIN)/python -m bench.batching
 	$(BIN)/python -m bench.shm
 	$(BIN)/python -m bench.distributed
+	$(BIN)/python -m bench.codec
+	$(BIN)/python -m bench.rest_async
 	$(MAKE) bench-docs
 
 .PHONY: bench-docs

@@ -45,10 +45,13 @@ def figure(case: str, ours: float, peer: str | None = None, peer_value: float | 
 
 
 def machine() -> dict[str, Any]:
-    """What the figures were measured on: the CPU and the versions of the libraries loaded."""
+    """What the figures were measured on: the CPU, the versions of the libraries loaded, and the
+    load average over the last 1, 5 and 15 minutes as the run ends (the cores may be shared with
+    other work; the benchmark's own threads count in it)."""
     versions = {name: sys.modules[name].__version__ for name in _LIBRARIES if name in sys.modules}
     return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "machine": platform.machine(),
-            "python": platform.python_version(), "libraries": versions}
+            "python": platform.python_version(), "libraries": versions,
+            "load": [round(load, 2) for load in os.getloadavg()]}
 
 
 def _cpu_model() -> str:
