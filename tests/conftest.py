@@ -43,9 +43,8 @@ def pytest_sessionstart(session):
             lighter = weights.index(min(weights))
             halves[lighter].append(path.stem)
             weights[lighter] += path.stat().st_size
-    code = ("import importlib, sys\nfrom sparseserve import kernels\nwith kernels._llvm_lock_events_off():\n"
-            "    for name in sys.argv[1:]:\n"
-            "        importlib.import_module('sparseserve.kernels.' + name).warm_up()\n")
+    code = ("import importlib, sys\nfor name in sys.argv[1:]:\n"
+            "    importlib.import_module('sparseserve.kernels.' + name).warm_up()\n")
     workers = [subprocess.Popen([sys.executable, "-c", code, *half], cwd=ROOT) for half in halves if half]
     for worker in workers:
         worker.wait(timeout=1800)
