@@ -13,8 +13,9 @@ from sparseserve.core.codec import (ChunkAssembler, array_from_pb, assemble, ite
                                 tensor_from_bytes, tensor_from_pb, tensor_to_bytes, tensor_to_pb, value_bytes,
                                 value_from_pb, value_to_pb)
 from sparseserve.core.dtypes import DTYPE_NAMES
-from sparseserve.core.frames import (MessageAssembler, assemble_message, execute_request_bytes, execute_request_from_bytes,
-                                execute_request_pieces, message_frames, outputs_from_bytes, outputs_to_bytes)
+from sparseserve.core.frames import (MessageAssembler, assemble_message, execute_request_bytes,
+                                     execute_request_from_bytes, execute_request_pieces, message_frames,
+                                     outputs_from_bytes, outputs_to_bytes)
 from sparseserve.core import jsoncodec
 from sparseserve.core.jsoncodec import tensor_from_json, tensor_to_json
 from sparseserve.core.tensor import HandleRef
@@ -56,7 +57,7 @@ def assert_same(a, b):
     if isinstance(a, SparseTensor):
         assert isinstance(b, SparseTensor)
         assert (a.layout, a.dense_shape, a.blocksize) == (b.layout, b.dense_shape, b.blocksize)
-        for x, y in zip(a.arrays(), b.arrays()):
+        for x, y in zip(a.arrays(), b.arrays(), strict=True):
             assert x.dtype == y.dtype and x.shape == y.shape
             np.testing.assert_array_equal(x, y)
     else:
@@ -193,7 +194,8 @@ def test_json_malformed(body, reason, words):
 
 def test_protobuf_buffer_length_checked():
     msg = pb.Array(dtype=pb.FLOAT64, shape=[3], data=b"\0" * 23)
-    with pytest.raises(InvalidArgumentError, match=r"x.data has 23 bytes but dtype float64 and shape \[3\] imply 24") as info:
+    message = r"x.data has 23 bytes but dtype float64 and shape \[3\] imply 24"
+    with pytest.raises(InvalidArgumentError, match=message) as info:
         array_from_pb(msg, "x")
     assert info.value.reason == "BUFFER_LENGTH"
 
@@ -388,7 +390,7 @@ class TestExecuteFrames:
         msg = pb.ExecuteResponse.FromString(body)
         assert [o.name for o in msg.outputs] == ["output", "empty_row_indicator", "dense"]
         back = outputs_from_bytes(body)
-        for (name, value), (got_name, got) in zip(outputs, back):
+        for (name, value), (got_name, got) in zip(outputs, back, strict=True):
             assert name == got_name
             assert_same(value, got)
         for a in _decoded_arrays(back[0][1]) + _decoded_arrays(back[2][1]):
@@ -487,7 +489,7 @@ def test_coo_tensor_builds_what_the_constructor_would(indices, values, shape, sk
 
     built = SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=True)
     fast = coo_tensor(indices, values, shape, coalesced=True)
-    for a, b in zip(_attributes(built), _attributes(fast)):
+    for a, b in zip(_attributes(built), _attributes(fast), strict=True):
         if isinstance(a, np.ndarray):
             assert (a.shape, a.dtype) == (b.shape, b.dtype) and np.array_equal(a, b)
         else:
