@@ -172,7 +172,7 @@ def test_a_tensor_deleted_mid_get_is_not_overwritten_by_the_next_upload(pooled):
     original, intruder = coo(96 * MiB, 3), coo(96 * MiB, 4)
     with Client(pooled.grpc_target) as c:
         handle = c.put(original)
-        stream = c._raw.download(pb.Handle(handle=handle.handle))
+        stream = c._transport._raw.download(pb.Handle(handle=handle.handle))
         frames = [next(stream)]
         c.delete(handle)
         reused, allocated = takes(pooled)

@@ -232,7 +232,7 @@ def test_big_requests_go_by_execute_stream_with_the_same_answers(server):
         raise AssertionError("a request over stream_above_bytes went by unary Execute")
 
     with make_client(server, "grpc") as unary, make_client(server, "grpc", stream_above_bytes=0) as c:
-        c._raw.execute = refuse_unary
+        c._transport._raw.execute = refuse_unary
         product = unary.mul(st, dense)
         assert_eq(c.mul(st, dense), product, exact=True)
         assert np.array_equal(c.to_dense(st, validate_indices=False), reference_dense(st))
@@ -245,7 +245,7 @@ def test_big_requests_go_by_execute_stream_with_the_same_answers(server):
 
     async def main():
         async with AsyncClient(server.grpc_target, stream_above_bytes=0) as ac:
-            ac._raw.execute = refuse_unary
+            ac._transport._raw.execute = refuse_unary
             return await ac.call("mul", sp_input=st, dense=dense)
 
     assert_eq(asyncio.run(main()), product, exact=True)

@@ -86,7 +86,8 @@ EXAMPLES = examples()
 
 # ------------------------------------------------------------------ round trips
 @pytest.mark.parametrize("name", list(EXAMPLES))
-def test_round_trip_and_no_segment_left(grpc_client, no_leaks, name):
+@pytest.mark.usefixtures("no_leaks")
+def test_round_trip_and_no_segment_left(grpc_client, name):
     tensor = EXAMPLES[name]
     remote = grpc_client.put(tensor, shared_memory=True)
     assert remote.nbytes == (tensor.nbytes if isinstance(tensor, SparseTensor) else tensor.nbytes)
@@ -97,14 +98,16 @@ def test_round_trip_and_no_segment_left(grpc_client, no_leaks, name):
 
 
 @pytest.mark.parametrize("name", ["hybrid", "bsr", "dense"])
-def test_streamed_put_then_shared_get(grpc_client, no_leaks, name):
+@pytest.mark.usefixtures("no_leaks")
+def test_streamed_put_then_shared_get(grpc_client, name):
     tensor = EXAMPLES[name]
     remote = grpc_client.put(tensor)
     assert_eq(grpc_client.get(remote.handle, shared_memory=True), tensor, exact=True, coalesced=True)
     grpc_client.delete(remote)
 
 
-def test_results_are_writable_copies(grpc_client, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_results_are_writable_copies(grpc_client):
     """What comes back owns its memory: the segment is gone, and writing to it is the caller's business."""
     tensor = EXAMPLES["coo"]
     remote = grpc_client.put(tensor, shared_memory=True)
@@ -114,7 +117,8 @@ def test_results_are_writable_copies(grpc_client, no_leaks):
     grpc_client.delete(remote)
 
 
-def test_big_endian_input_arrives_native(grpc_client, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_big_endian_input_arrives_native(grpc_client):
     tensor = SparseTensor(indices=np.array([[0], [2]], ">i8"), values=np.array([1.5, -2.0], ">f8"),
                           dense_shape=[3])
     back = grpc_client.get(grpc_client.put(tensor, shared_memory=True), shared_memory=True)
@@ -134,7 +138,8 @@ def test_random_coo_round_trips(server, tensor):
     assert segments() - before == set()
 
 
-def test_tensor_over_64_mib(grpc_client, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_tensor_over_64_mib(grpc_client):
     nnz = (70 << 20) // 24
     rng = np.random.default_rng(11)
     indices = np.stack([np.arange(nnz) // 1000, rng.integers(0, 1000, nnz)], axis=1)
@@ -147,7 +152,8 @@ def test_tensor_over_64_mib(grpc_client, no_leaks):
 
 # ------------------------------------------------------------------ AsyncClient
 @pytest.mark.parametrize("name", ["coo", "hybrid", "bsr", "dense", "empty-csr"])
-def test_async_client_round_trip(server, no_leaks, name):
+@pytest.mark.usefixtures("no_leaks")
+def test_async_client_round_trip(server, name):
     tensor = EXAMPLES[name]
 
     async def main():
@@ -163,7 +169,8 @@ def test_async_client_round_trip(server, no_leaks, name):
     assert_eq(streamed, tensor, exact=True, coalesced=True)  # the server kept exactly that tensor
 
 
-def test_async_put_cancelled_mid_copy_leaves_no_segment(server, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_async_put_cancelled_mid_copy_leaves_no_segment(server):
     """The copy into the segment runs in a thread that a cancelled caller cannot stop: the
     segment it finishes writing must still be unlinked."""
     big = np.arange((64 << 20) // 8, dtype=np.float64)  # tens of milliseconds to copy
@@ -185,7 +192,8 @@ def test_async_put_cancelled_mid_copy_leaves_no_segment(server, no_leaks):
     asyncio.run(main())
 
 
-def test_async_put_cancelled_then_loop_closed_leaves_no_segment(server, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_async_put_cancelled_then_loop_closed_leaves_no_segment(server):
     """Cancelled mid-copy and the program's loop shut down at once: the thread still writing
     has no loop left to report to, and the segment it finishes must still be unlinked."""
     big = np.arange((64 << 20) // 8, dtype=np.float64)
@@ -203,7 +211,8 @@ def test_async_put_cancelled_then_loop_closed_leaves_no_segment(server, no_leaks
         asyncio.run(main())  # returns once the default executor's threads have finished
 
 
-def test_async_rest_client_is_refused(server, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_async_rest_client_is_refused(server):
     async def main():
         async with AsyncClient(server.http_url) as c:
             with pytest.raises(UnimplementedError) as info:
@@ -216,20 +225,23 @@ def test_async_rest_client_is_refused(server, no_leaks):
 
 
 # ------------------------------------------------------------------ errors
-def test_invalid_tensor_is_refused_and_leaves_nothing(grpc_client, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_invalid_tensor_is_refused_and_leaves_nothing(grpc_client):
     bad = SparseTensor(indices=[[0, 5]], values=[1.0], dense_shape=[2, 2])  # column 5 of 2
     with pytest.raises(InvalidArgumentError) as info:
         grpc_client.put(bad, shared_memory=True)
     assert info.value.reason == "INDEX_OUT_OF_RANGE", info.value
 
 
-def test_unknown_handle(grpc_client, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_unknown_handle(grpc_client):
     with pytest.raises(NotFoundError):
         grpc_client.get("h-" + "0" * 32, shared_memory=True)
 
 
 @pytest.mark.parametrize("wire", ["rest-protobuf", "rest-json"])
-def test_rest_client_is_refused(server, no_leaks, wire):
+@pytest.mark.usefixtures("no_leaks")
+def test_rest_client_is_refused(server, wire):
     with make_client(server, wire) as c:
         with pytest.raises(UnimplementedError) as info:
             c.put(EXAMPLES["coo"], shared_memory=True)
@@ -239,7 +251,8 @@ def test_rest_client_is_refused(server, no_leaks, wire):
 
 
 def put_shared(client, segment: str, header: pb.Tensor):
-    return client._grpc(client._stub.PutShared, pb.SharedTensor(segment=segment, header=header))
+    transport = client._transport  # the raw call, with a segment name of the test's choosing
+    return transport._unary(transport._stub.PutShared, pb.SharedTensor(segment=segment, header=header))
 
 
 DENSE_HEADER = tensor_to_pb(np.zeros(4), with_data=False)
@@ -299,7 +312,8 @@ def test_malformed_headers(grpc_client, small_segment, header, reason):
     assert info.value.reason == reason, info.value
 
 
-def test_server_keeps_serving_after_hostile_requests(server, grpc_client, no_leaks):
+@pytest.mark.usefixtures("no_leaks")
+def test_server_keeps_serving_after_hostile_requests(server, grpc_client):
     for segment in ("sparseserve-../x", layout.new_segment_name()):
         with pytest.raises((InvalidArgumentError, NotFoundError)):
             put_shared(grpc_client, segment, DENSE_HEADER)
@@ -331,7 +345,7 @@ from sparseserve import Client
 from sparseserve.v1 import sparseserve_pb2 as pb
 c = Client(sys.argv[1])
 handle = c.put(np.arange(1000.0)).handle
-reply = c._stub.GetShared(pb.Handle(handle=handle))
+reply = c._transport._stub.GetShared(pb.Handle(handle=handle))
 print(reply.segment, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -361,7 +375,7 @@ def test_shutdown_unlinks_pending_segments():
     try:
         with Client(srv.grpc_target) as c:
             handle = c.put(np.arange(10.0)).handle
-            name = c._stub.GetShared(pb.Handle(handle=handle)).segment
+            name = c._transport._stub.GetShared(pb.Handle(handle=handle)).segment
         assert name in segments()
     finally:
         assert srv.stop() == 0

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 
 def test_ops_after_warm_up_compile_nothing_new():
@@ -163,23 +162,6 @@ def test_ops_after_warm_up_compile_nothing_new():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "GROWN {}" in result.stdout, result.stdout
-
-
-def test_llvm_lock_events_are_off_during_the_warm_up_only():
-    """The warm-up takes numba's per-LLVM-call event callbacks off (a tenth of a warm start)
-    and puts them back after, an error included."""
-    from llvmlite.binding import ffi
-
-    from sparseserve import kernels
-
-    registered = ffi.lib._lock._cblist
-    before = list(registered)
-    assert before, "numba registers its LLVM lock callbacks when it is imported"
-    with pytest.raises(ZeroDivisionError):
-        with kernels._llvm_lock_events_off():
-            assert registered == []
-            1 / 0
-    assert registered == before
 
 
 def test_a_failed_warm_up_is_logged_and_the_server_exits_non_zero():
