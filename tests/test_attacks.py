@@ -204,8 +204,8 @@ def test_tenants_cannot_reach_each_others_handles(srv):
         with make_client(srv, wire, token=ALICE) as alice, make_client(srv, wire, token=BOB) as bob:
             h = alice.put(G)
             assert h.handle.startswith("h-") and len(h.handle) == 34  # 128 random bits
-            for attempt in (lambda: bob.get(h), lambda: bob.delete(h), lambda: bob.to_dense(h),
-                            lambda: bob.call("concat", axis=0, sp_inputs=[G, h])):
+            for attempt in (lambda h=h: bob.get(h), lambda h=h: bob.delete(h), lambda h=h: bob.to_dense(h),
+                            lambda h=h: bob.call("concat", axis=0, sp_inputs=[G, h])):
                 with pytest.raises(SparseServeError) as info:
                     attempt()
                 assert (info.value.code, info.value.reason) == ("PERMISSION_DENIED", "OTHER_TENANT"), info.value

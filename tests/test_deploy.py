@@ -507,7 +507,8 @@ def test_dockerfile_copies_what_exists_and_is_not_dockerignored(dockerfile):
                 assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
                 assert source.split("/")[0] not in ignored, f"COPY {source}: .dockerignore leaves it out"
     # What the package is built from: the three code folders of pyproject's package-dir.
-    package_dirs = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_dirs = set(setuptools["package-dir"].values())
     copied = {rest.split()[0] for rest in dockerfile.instructions("COPY", dockerfile.stages[0])}
     assert {d.split("/")[0] for d in package_dirs} <= copied
 
@@ -804,13 +805,14 @@ def test_security_context_and_writable_paths(rendering):
         if container is None:
             continue
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        writable = [image.final_env()["NUMBA_CACHE_DIR"], "/tmp"] + ([image.final_env()["CUPY_CACHE_DIR"]] if gpu else [])
+        env = image.final_env()
+        writable = [env["NUMBA_CACHE_DIR"], "/tmp"] + ([env["CUPY_CACHE_DIR"]] if gpu else [])
         for path in writable:
             assert path in mounts and "emptyDir" in volumes[mounts[path]], f"{path} must be a writable emptyDir"
         (seed,) = pod["initContainers"]
         seed_mount = seed["volumeMounts"][0]
         assert seed_mount["name"] == mounts[image.final_env()["NUMBA_CACHE_DIR"]]
-        assert seed["command"] == ["cp", "-a", image.final_env()["NUMBA_CACHE_DIR"] + "/.", seed_mount["mountPath"] + "/"]
+        assert seed["command"] == ["cp", "-a", env["NUMBA_CACHE_DIR"] + "/.", seed_mount["mountPath"] + "/"]
         assert seed["image"] == container["image"], "the cache must come from the same image"
 
 

@@ -132,7 +132,8 @@ def test_fuzz_the_decoders_for_a_bounded_time(tmp_path):
     corpus.mkdir()
     _seed_corpus(corpus)
     run = subprocess.run([sys.executable, str(FUZZ), f"-max_total_time={FUZZ_SECONDS}", "-rss_limit_mb=4096",
-                          "-timeout=20", f"-artifact_prefix={tmp_path}/", str(corpus)], capture_output=True, text=True, timeout=FUZZ_SECONDS + 120)
+                          "-timeout=20", f"-artifact_prefix={tmp_path}/", str(corpus)],
+                         capture_output=True, text=True, timeout=FUZZ_SECONDS + 120)
     tail = run.stderr[-3000:]
     assert run.returncode == 0, tail
     runs = int(tail.rsplit("Done ", 1)[1].split(" runs", 1)[0])
@@ -169,7 +170,7 @@ def test_openapi_schema_driven_requests_get_no_server_error(server):
 # ------------------------------------------------------------------------ load
 def _rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as fh:
-        line = next(l for l in fh if l.startswith("VmRSS:"))
+        line = next(text for text in fh if text.startswith("VmRSS:"))
     return int(line.split()[1]) * 1024
 
 
@@ -225,7 +226,7 @@ def test_concurrent_load_mixed_valid_and_invalid_all_answered_and_memory_returns
 
         sdk = [targets(k) for k in range(clients)]
         rng = np.random.default_rng(0)
-        for k, c in enumerate(sdk):  # warm-up: connections, kernels, allocator pools
+        for c in sdk:  # warm-up: connections, kernels, allocator pools
             for i in range(10):
                 _one_call(c, rng, i)
         baseline = _rss_bytes(srv.proc.pid)

@@ -78,7 +78,7 @@ def test_index_select_bad_arguments():
     op_raises(UnimplementedError, "UNSUPPORTED_LAYOUT", "index_select", input=csc, dim=0, index=np.array([0]))
 
 
-def _csr(indices, values, shape, ptr_dtype=np.int64):
+def _csr(indices, values, shape):
     return run_op("convert", sp_input=run_op("coalesce", sp_input=SparseTensor(
         indices=indices, values=values, dense_shape=shape)), layout="csr")
 

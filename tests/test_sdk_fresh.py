@@ -151,7 +151,7 @@ def test_methods_bind_arguments_as_the_catalogue_methods_did():
         with pytest.raises(TypeError):
             bad()
     with pytest.raises(AttributeError):
-        c.not_an_op
+        _ = c.not_an_op
     c.close()
 
 
@@ -160,7 +160,7 @@ def test_methods_follow_the_servers_catalogue():
     # A server without the op: no method, as before.
     c = offline_client([o for o in ops if o["name"] != "reorder"])
     with pytest.raises(AttributeError, match="reorder"):
-        c.reorder
+        _ = c.reorder
     c._set_catalogue("cpu", ops)
     assert c.reorder.__func__ is ClientOps.reorder
     # A server declaring the op otherwise (another version): the method built from its catalogue.

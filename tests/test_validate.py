@@ -16,7 +16,8 @@ from sparseserve.kernels._sort import frozen
 
 
 def coo(indices, values, shape, **kw):
-    return SparseTensor(indices=np.asarray(indices, dtype=np.int64).reshape(-1, len(indices[0]) if len(indices) else len(shape)),
+    columns = len(indices[0]) if len(indices) else len(shape)
+    return SparseTensor(indices=np.asarray(indices, dtype=np.int64).reshape(-1, columns),
                         values=values, dense_shape=shape, **kw)
 
 
@@ -51,7 +52,8 @@ def test_spec_example_message():
 @pytest.mark.parametrize("t, reason, message", [
     (coo([[0, -1]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", "sp_input.indices[0, 1] = -1"),
     (coo([[0, -(1 << 63)]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", f"sp_input.indices[0, 1] = {-(1 << 63)}"),
-    (coo([[(1 << 63) - 1, 0]], [1.0], [(1 << 63) - 1, 1]), "INDEX_OUT_OF_RANGE", "dense_shape[0] = 9223372036854775807"),
+    (coo([[(1 << 63) - 1, 0]], [1.0], [(1 << 63) - 1, 1]), "INDEX_OUT_OF_RANGE",
+     "dense_shape[0] = 9223372036854775807"),
     (coo([[3, 0]], [1.0], [3, 4]), "INDEX_OUT_OF_RANGE", "dense_shape[0] = 3"),
     (coo([[0, 0]], [1.0], [3, -4]), "NEGATIVE_DIMENSION", "sp_input.dense_shape[1] = -4 is negative"),
     (coo([[0, 0]], [1.0], [1 << 40, 1 << 40]), "SHAPE_OVERFLOW", "more than int64"),

@@ -33,10 +33,6 @@ def declared_layouts(op: str, arg: str) -> tuple[str, ...]:
     return tuple(REGISTRY.get(op).args_by_name[arg].layouts)
 
 
-def torch_dtype(dtype) -> object:
-    return getattr(torch(), np.dtype(dtype).name)
-
-
 def coalesced(t: SparseTensor) -> SparseTensor:
     return run("coalesce", sp_input=t)
 
