@@ -58,6 +58,7 @@ README_ROWS = [
     ReadmeRow("aggregate", 'mm(reduce="mean"), int64, graph sent with the call', _MEAN, 1.5),
     ReadmeRow("aggregate", 'mm(reduce="mean"), int64, graph held by handle', _MEAN, 1.5),
     ReadmeRow("index_select", "index_select on COO, first call on the tensor", _TORCH_COO, 5.0),
+    ReadmeRow("index_select", "index_select on COO, held tensor", _TORCH_COO, 5.0),
     ReadmeRow("index_select", "index_select on CSR (torch has none)", _TORCH_COO, None),
 ]
 
