@@ -108,6 +108,16 @@ def env_name(field: str) -> str:
     return "SPARSESERVE_" + field.upper()
 
 
+def _env_bool(text: str, name: str, parser: argparse.ArgumentParser) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    parser.error(f"{name}={text!r}: say 1, true, yes or on, or 0, false, no or off")
+    raise AssertionError("parser.error exits")
+
+
 def build_parser(prog: str = "sparseserve serve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Run the sparseserve gRPC and REST server.")
     defaults = ServerConfig()
@@ -120,6 +130,12 @@ def build_parser(prog: str = "sparseserve serve") -> argparse.ArgumentParser:
             env_tokens = env.split(",") if env else None
             parser.add_argument(flag, action="append", default=env_tokens,
                                 help=f"{help_text} (env {env_name(field.name)}, comma-separated)")
+            continue
+        if kind is bool:  # --flag / --no-flag; the environment says 1/true/yes or 0/false/no
+            if env is not None:
+                default = _env_bool(env, env_name(field.name), parser)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=f"{help_text} (env {env_name(field.name)}; default {default})")
             continue
         if env is not None:
             default = kind(env)
