@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n sparseserve/v1/sparseserve.proto\x12\x0esparseserve.v1\"[\n\x05\x41rray\x12$\n\x05\x64type\x18\x01 \x01(\x0e\x32\x15.sparseserve.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0f\n\x07padding\x18\x0f \x01(\x0c\"\xa1\x02\n\x0cSparseTensor\x12&\n\x06layout\x18\x01 \x01(\x0e\x32\x16.sparseserve.v1.Layout\x12\x13\n\x0b\x64\x65nse_shape\x18\x02 \x03(\x03\x12&\n\x07indices\x18\x03 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12%\n\x06values\x18\x04 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12\x31\n\x12\x63ompressed_indices\x18\x05 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12,\n\rplain_indices\x18\x06 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12\x11\n\tblocksize\x18\x07 \x03(\x03\x12\x11\n\tcoalesced\x18\x08 \x01(\x08\"z\n\x06Tensor\x12.\n\x06sparse\x18\x01 \x01(\x0b\x32\x1c.sparseserve.v1.SparseTensorH\x00\x12&\n\x05\x64\x65nse\x18\x02 \x01(\x0b\x32\x15.sparseserve.v1.ArrayH\x00\x12\x10\n\x06handle\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"1\n\tValueList\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.sparseserve.v1.Value\"\xe9\x01\n\x05Value\x12(\n\x06tensor\x18\x01 \x01(\x0b\x32\x16.sparseserve.v1.TensorH\x00\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x04 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12/\n\nlist_value\x18\x06 \x01(\x0b\x32\x19.sparseserve.v1.ValueListH\x00\x12\x14\n\nnull_value\x18\x07 \x01(\x08H\x00\x12\r\n\x03ref\x18\x08 \x01(\tH\x00\x42\x06\n\x04kind\"\xa6\x01\n\x0e\x45xecuteRequest\x12\n\n\x02op\x18\x01 \x01(\t\x12\x36\n\x04\x61rgs\x18\x02 \x03(\x0b\x32(.sparseserve.v1.ExecuteRequest.ArgsEntry\x12\x0c\n\x04keep\x18\x03 \x01(\x08\x1a\x42\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.sparseserve.v1.Value:\x02\x38\x01\"C\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x06tensor\x18\x02 \x01(\x0b\x32\x16.sparseserve.v1.Tensor\"?\n\x0f\x45xecuteResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.sparseserve.v1.NamedTensor\"\xa2\x01\n\x0cPipelineStep\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02op\x18\x02 \x01(\t\x12\x34\n\x04\x61rgs\x18\x03 \x03(\x0b\x32&.sparseserve.v1.PipelineStep.ArgsEntry\x1a\x42\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.sparseserve.v1.Value:\x02\x38\x01\"]\n\x0fPipelineRequest\x12+\n\x05steps\x18\x01 \x03(\x0b\x32\x1c.sparseserve.v1.PipelineStep\x12\x0f\n\x07outputs\x18\x02 \x03(\t\x12\x0c\n\x04keep\x18\x03 \x01(\x08\"G\n\x0cSharedTensor\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12&\n\x06header\x18\x02 \x01(\x0b\x32\x16.sparseserve.v1.Tensor\"O\n\x0bTensorChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.sparseserve.v1.TensorH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"1\n\x0cMessageFrame\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"(\n\x06Handle\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x03\"\x1f\n\rDeleteRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x10\n\x0eListOpsRequest\"|\n\x06\x41rgDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12&\n\x07\x64\x65\x66\x61ult\x18\x04 \x01(\x0b\x32\x15.sparseserve.v1.Value\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\x12\x0f\n\x07layouts\x18\x06 \x03(\t\"4\n\tOutputDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0b\n\x03\x64oc\x18\x03 \x01(\t\"t\n\x05OpDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64oc\x18\x02 \x01(\t\x12$\n\x04\x61rgs\x18\x03 \x03(\x0b\x32\x16.sparseserve.v1.ArgDef\x12*\n\x07outputs\x18\x04 \x03(\x0b\x32\x19.sparseserve.v1.OutputDef\"E\n\x0fListOpsResponse\x12\"\n\x03ops\x18\x01 \x03(\x0b\x32\x15.sparseserve.v1.OpDef\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t*\xc8\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42OOL\x10\x01\x12\x08\n\x04INT8\x10\x02\x12\t\n\x05INT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\t\n\x05UINT8\x10\x06\x12\n\n\x06UINT16\x10\x07\x12\n\n\x06UINT32\x10\x08\x12\n\n\x06UINT64\x10\t\x12\x0b\n\x07\x46LOAT16\x10\n\x12\x0b\n\x07\x46LOAT32\x10\x0b\x12\x0b\n\x07\x46LOAT64\x10\x0c\x12\r\n\tCOMPLEX64\x10\r\x12\x0e\n\nCOMPLEX128\x10\x0e*M\n\x06Layout\x12\x16\n\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x07\n\x03\x43OO\x10\x01\x12\x07\n\x03\x43SR\x10\x02\x12\x07\n\x03\x43SC\x10\x03\x12\x07\n\x03\x42SR\x10\x04\x12\x07\n\x03\x42SC\x10\x05\x32\xa0\x05\n\rSparseService\x12J\n\x07\x45xecute\x12\x1e.sparseserve.v1.ExecuteRequest\x1a\x1f.sparseserve.v1.ExecuteResponse\x12?\n\x06Upload\x12\x1b.sparseserve.v1.TensorChunk\x1a\x16.sparseserve.v1.Handle(\x01\x12\x41\n\x08\x44ownload\x12\x16.sparseserve.v1.Handle\x1a\x1b.sparseserve.v1.TensorChunk0\x01\x12G\n\x06\x44\x65lete\x12\x1d.sparseserve.v1.DeleteRequest\x1a\x1e.sparseserve.v1.DeleteResponse\x12J\n\x07ListOps\x12\x1e.sparseserve.v1.ListOpsRequest\x1a\x1f.sparseserve.v1.ListOpsResponse\x12O\n\rExecuteStream\x12\x1c.sparseserve.v1.MessageFrame\x1a\x1c.sparseserve.v1.MessageFrame(\x01\x30\x01\x12S\n\x0f\x45xecutePipeline\x12\x1f.sparseserve.v1.PipelineRequest\x1a\x1f.sparseserve.v1.ExecuteResponse\x12\x41\n\tPutShared\x12\x1c.sparseserve.v1.SharedTensor\x1a\x16.sparseserve.v1.Handle\x12\x41\n\tGetShared\x12\x16.sparseserve.v1.Handle\x1a\x1c.sparseserve.v1.SharedTensorb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n sparseserve/v1/sparseserve.proto\x12\x0esparseserve.v1\"[\n\x05\x41rray\x12$\n\x05\x64type\x18\x01 \x01(\x0e\x32\x15.sparseserve.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0f\n\x07padding\x18\x0f \x01(\x0c\"\xa1\x02\n\x0cSparseTensor\x12&\n\x06layout\x18\x01 \x01(\x0e\x32\x16.sparseserve.v1.Layout\x12\x13\n\x0b\x64\x65nse_shape\x18\x02 \x03(\x03\x12&\n\x07indices\x18\x03 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12%\n\x06values\x18\x04 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12\x31\n\x12\x63ompressed_indices\x18\x05 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12,\n\rplain_indices\x18\x06 \x01(\x0b\x32\x15.sparseserve.v1.Array\x12\x11\n\tblocksize\x18\x07 \x03(\x03\x12\x11\n\tcoalesced\x18\x08 \x01(\x08\"z\n\x06Tensor\x12.\n\x06sparse\x18\x01 \x01(\x0b\x32\x1c.sparseserve.v1.SparseTensorH\x00\x12&\n\x05\x64\x65nse\x18\x02 \x01(\x0b\x32\x15.sparseserve.v1.ArrayH\x00\x12\x10\n\x06handle\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"1\n\tValueList\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.sparseserve.v1.Value\"\xe9\x01\n\x05Value\x12(\n\x06tensor\x18\x01 \x01(\x0b\x32\x16.sparseserve.v1.TensorH\x00\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x04 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12/\n\nlist_value\x18\x06 \x01(\x0b\x32\x19.sparseserve.v1.ValueListH\x00\x12\x14\n\nnull_value\x18\x07 \x01(\x08H\x00\x12\r\n\x03ref\x18\x08 \x01(\tH\x00\x42\x06\n\x04kind\"\xa6\x01\n\x0e\x45xecuteRequest\x12\n\n\x02op\x18\x01 \x01(\t\x12\x36\n\x04\x61rgs\x18\x02 \x03(\x0b\x32(.sparseserve.v1.ExecuteRequest.ArgsEntry\x12\x0c\n\x04keep\x18\x03 \x01(\x08\x1a\x42\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.sparseserve.v1.Value:\x02\x38\x01\"C\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x06tensor\x18\x02 \x01(\x0b\x32\x16.sparseserve.v1.Tensor\"?\n\x0f\x45xecuteResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.sparseserve.v1.NamedTensor\"\xa2\x01\n\x0cPipelineStep\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02op\x18\x02 \x01(\t\x12\x34\n\x04\x61rgs\x18\x03 \x03(\x0b\x32&.sparseserve.v1.PipelineStep.ArgsEntry\x1a\x42\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.sparseserve.v1.Value:\x02\x38\x01\"]\n\x0fPipelineRequest\x12+\n\x05steps\x18\x01 \x03(\x0b\x32\x1c.sparseserve.v1.PipelineStep\x12\x0f\n\x07outputs\x18\x02 \x03(\t\x12\x0c\n\x04keep\x18\x03 \x01(\x08\"G\n\x0cSharedTensor\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12&\n\x06header\x18\x02 \x01(\x0b\x32\x16.sparseserve.v1.Tensor\"(\n\x16RegisterSegmentRequest\x12\x0e\n\x06nbytes\x18\x01 \x01(\x03\"?\n\x17RegisterSegmentResponse\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\"O\n\x0bTensorChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.sparseserve.v1.TensorH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"1\n\x0cMessageFrame\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"(\n\x06Handle\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x03\"\x1f\n\rDeleteRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x10\n\x0eListOpsRequest\"|\n\x06\x41rgDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12&\n\x07\x64\x65\x66\x61ult\x18\x04 \x01(\x0b\x32\x15.sparseserve.v1.Value\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\x12\x0f\n\x07layouts\x18\x06 \x03(\t\"4\n\tOutputDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0b\n\x03\x64oc\x18\x03 \x01(\t\"t\n\x05OpDef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64oc\x18\x02 \x01(\t\x12$\n\x04\x61rgs\x18\x03 \x03(\x0b\x32\x16.sparseserve.v1.ArgDef\x12*\n\x07outputs\x18\x04 \x03(\x0b\x32\x19.sparseserve.v1.OutputDef\"E\n\x0fListOpsResponse\x12\"\n\x03ops\x18\x01 \x03(\x0b\x32\x15.sparseserve.v1.OpDef\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t*\xc8\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42OOL\x10\x01\x12\x08\n\x04INT8\x10\x02\x12\t\n\x05INT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\t\n\x05UINT8\x10\x06\x12\n\n\x06UINT16\x10\x07\x12\n\n\x06UINT32\x10\x08\x12\n\n\x06UINT64\x10\t\x12\x0b\n\x07\x46LOAT16\x10\n\x12\x0b\n\x07\x46LOAT32\x10\x0b\x12\x0b\n\x07\x46LOAT64\x10\x0c\x12\r\n\tCOMPLEX64\x10\r\x12\x0e\n\nCOMPLEX128\x10\x0e*M\n\x06Layout\x12\x16\n\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x07\n\x03\x43OO\x10\x01\x12\x07\n\x03\x43SR\x10\x02\x12\x07\n\x03\x43SC\x10\x03\x12\x07\n\x03\x42SR\x10\x04\x12\x07\n\x03\x42SC\x10\x05\x32\x84\x06\n\rSparseService\x12J\n\x07\x45xecute\x12\x1e.sparseserve.v1.ExecuteRequest\x1a\x1f.sparseserve.v1.ExecuteResponse\x12?\n\x06Upload\x12\x1b.sparseserve.v1.TensorChunk\x1a\x16.sparseserve.v1.Handle(\x01\x12\x41\n\x08\x44ownload\x12\x16.sparseserve.v1.Handle\x1a\x1b.sparseserve.v1.TensorChunk0\x01\x12G\n\x06\x44\x65lete\x12\x1d.sparseserve.v1.DeleteRequest\x1a\x1e.sparseserve.v1.DeleteResponse\x12J\n\x07ListOps\x12\x1e.sparseserve.v1.ListOpsRequest\x1a\x1f.sparseserve.v1.ListOpsResponse\x12O\n\rExecuteStream\x12\x1c.sparseserve.v1.MessageFrame\x1a\x1c.sparseserve.v1.MessageFrame(\x01\x30\x01\x12S\n\x0f\x45xecutePipeline\x12\x1f.sparseserve.v1.PipelineRequest\x1a\x1f.sparseserve.v1.ExecuteResponse\x12\x41\n\tPutShared\x12\x1c.sparseserve.v1.SharedTensor\x1a\x16.sparseserve.v1.Handle\x12\x41\n\tGetShared\x12\x16.sparseserve.v1.Handle\x1a\x1c.sparseserve.v1.SharedTensor\x12\x62\n\x0fRegisterSegment\x12&.sparseserve.v1.RegisterSegmentRequest\x1a\'.sparseserve.v1.RegisterSegmentResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTEREQUEST_ARGSENTRY']._serialized_options = b'8\001'
   _globals['_PIPELINESTEP_ARGSENTRY']._loaded_options = None
   _globals['_PIPELINESTEP_ARGSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=2114
-  _globals['_DTYPE']._serialized_end=2314
-  _globals['_LAYOUT']._serialized_start=2316
-  _globals['_LAYOUT']._serialized_end=2393
+  _globals['_DTYPE']._serialized_start=2221
+  _globals['_DTYPE']._serialized_end=2421
+  _globals['_LAYOUT']._serialized_start=2423
+  _globals['_LAYOUT']._serialized_end=2500
   _globals['_ARRAY']._serialized_start=52
   _globals['_ARRAY']._serialized_end=143
   _globals['_SPARSETENSOR']._serialized_start=146
@@ -65,26 +65,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PIPELINEREQUEST']._serialized_end=1409
   _globals['_SHAREDTENSOR']._serialized_start=1411
   _globals['_SHAREDTENSOR']._serialized_end=1482
-  _globals['_TENSORCHUNK']._serialized_start=1484
-  _globals['_TENSORCHUNK']._serialized_end=1563
-  _globals['_MESSAGEFRAME']._serialized_start=1565
-  _globals['_MESSAGEFRAME']._serialized_end=1614
-  _globals['_HANDLE']._serialized_start=1616
-  _globals['_HANDLE']._serialized_end=1656
-  _globals['_DELETEREQUEST']._serialized_start=1658
-  _globals['_DELETEREQUEST']._serialized_end=1689
-  _globals['_DELETERESPONSE']._serialized_start=1691
-  _globals['_DELETERESPONSE']._serialized_end=1724
-  _globals['_LISTOPSREQUEST']._serialized_start=1726
-  _globals['_LISTOPSREQUEST']._serialized_end=1742
-  _globals['_ARGDEF']._serialized_start=1744
-  _globals['_ARGDEF']._serialized_end=1868
-  _globals['_OUTPUTDEF']._serialized_start=1870
-  _globals['_OUTPUTDEF']._serialized_end=1922
-  _globals['_OPDEF']._serialized_start=1924
-  _globals['_OPDEF']._serialized_end=2040
-  _globals['_LISTOPSRESPONSE']._serialized_start=2042
-  _globals['_LISTOPSRESPONSE']._serialized_end=2111
-  _globals['_SPARSESERVICE']._serialized_start=2396
-  _globals['_SPARSESERVICE']._serialized_end=3068
+  _globals['_REGISTERSEGMENTREQUEST']._serialized_start=1484
+  _globals['_REGISTERSEGMENTREQUEST']._serialized_end=1524
+  _globals['_REGISTERSEGMENTRESPONSE']._serialized_start=1526
+  _globals['_REGISTERSEGMENTRESPONSE']._serialized_end=1589
+  _globals['_TENSORCHUNK']._serialized_start=1591
+  _globals['_TENSORCHUNK']._serialized_end=1670
+  _globals['_MESSAGEFRAME']._serialized_start=1672
+  _globals['_MESSAGEFRAME']._serialized_end=1721
+  _globals['_HANDLE']._serialized_start=1723
+  _globals['_HANDLE']._serialized_end=1763
+  _globals['_DELETEREQUEST']._serialized_start=1765
+  _globals['_DELETEREQUEST']._serialized_end=1796
+  _globals['_DELETERESPONSE']._serialized_start=1798
+  _globals['_DELETERESPONSE']._serialized_end=1831
+  _globals['_LISTOPSREQUEST']._serialized_start=1833
+  _globals['_LISTOPSREQUEST']._serialized_end=1849
+  _globals['_ARGDEF']._serialized_start=1851
+  _globals['_ARGDEF']._serialized_end=1975
+  _globals['_OUTPUTDEF']._serialized_start=1977
+  _globals['_OUTPUTDEF']._serialized_end=2029
+  _globals['_OPDEF']._serialized_start=2031
+  _globals['_OPDEF']._serialized_end=2147
+  _globals['_LISTOPSRESPONSE']._serialized_start=2149
+  _globals['_LISTOPSRESPONSE']._serialized_end=2218
+  _globals['_SPARSESERVICE']._serialized_start=2503
+  _globals['_SPARSESERVICE']._serialized_end=3275
 # @@protoc_insertion_point(module_scope)

@@ -189,6 +189,20 @@ class SharedTensor(_message.Message):
     header: Tensor
     def __init__(self, segment: _Optional[str] = ..., header: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
+class RegisterSegmentRequest(_message.Message):
+    __slots__ = ("nbytes",)
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    nbytes: int
+    def __init__(self, nbytes: _Optional[int] = ...) -> None: ...
+
+class RegisterSegmentResponse(_message.Message):
+    __slots__ = ("segment", "ttl_seconds")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    ttl_seconds: float
+    def __init__(self, segment: _Optional[str] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
 class TensorChunk(_message.Message):
     __slots__ = ("header", "data")
     HEADER_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class SparseServiceStub:
                 request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.Handle.SerializeToString,
                 response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.FromString,
                 _registered_method=True)
+        self.RegisterSegment = channel.unary_unary(
+                '/sparseserve.v1.SparseService/RegisterSegment',
+                request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentRequest.SerializeToString,
+                response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentResponse.FromString,
+                _registered_method=True)
 
 
 class SparseServiceServicer:
@@ -134,8 +139,10 @@ class SparseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutShared(self, request, context):
-        """Same-host transfers: the client wrote the segment; the server copies it
-        into the store and unlinks it.
+        """Same-host transfers (a server started with --allow-shared-memory): the
+        client wrote the tensor into a segment RegisterSegment made for its tenant;
+        the server copies it into the store and unlinks it. Any other segment is
+        refused (PERMISSION_DENIED, SEGMENT_NOT_REGISTERED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -144,6 +151,14 @@ class SparseServiceServicer:
     def GetShared(self, request, context):
         """The server writes a segment for the client, which copies and unlinks it
         (the server unlinks any left unclaimed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterSegment(self, request, context):
+        """An empty segment for the caller's tenant to write and hand over with
+        PutShared: the server picks its name and makes it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +211,11 @@ def add_SparseServiceServicer_to_server(servicer, server):
                     servicer.GetShared,
                     request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.Handle.FromString,
                     response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.SerializeToString,
+            ),
+            'RegisterSegment': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSegment,
+                    request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentRequest.FromString,
+                    response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +461,33 @@ class SparseService:
             '/sparseserve.v1.SparseService/GetShared',
             sparseserve_dot_v1_dot_sparseserve__pb2.Handle.SerializeToString,
             sparseserve_dot_v1_dot_sparseserve__pb2.SharedTensor.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSegment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseserve.v1.SparseService/RegisterSegment',
+            sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentRequest.SerializeToString,
+            sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentResponse.FromString,
             options,
             channel_credentials,
             insecure,
