@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     tensor = coo_of_bytes(args.mb * 1_000_000)
-    with BenchServer("--store-bytes", str(4 * tensor.nbytes)) as server:
+    with BenchServer("--store-bytes", str(4 * tensor.nbytes), "--allow-shared-memory") as server:
         shm_up, shm_down = shm_transfer_gbs(server.grpc_target, tensor, args.repeat)
         with Client(server.grpc_target) as c:
             grpc_up, grpc_down, _ = transfer_gbs(c, tensor, args.repeat)

@@ -5,7 +5,8 @@
 Execute, ExecuteStream, ExecutePipeline, Upload and Download carry bytes the SDK frames and
 parses itself (``core.frames``, ``core.codec``: each tensor copied once, where protobuf
 messages copy it several times); ListOps, Delete and the shared-memory calls go through the
-generated stub.
+generated stub. A shared-memory put is two calls: RegisterSegment (the server makes a segment
+for this tenant), then PutShared once the tensor is written into it (``_shm``).
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ class GrpcTransport(_Channel, Transport):
         self._unary(self._stub.Delete, pb.DeleteRequest(handle=handle))
 
     def put_shared(self, tensor: Tensor) -> Stored:
-        with _shm.segment_of(tensor) as request:
+        outgoing = _shm.Outgoing.of(tensor)
+        lease = self._unary(self._stub.RegisterSegment, outgoing.registration())
+        with _shm.segment_of(outgoing, lease) as request:
             reply = self._unary(self._stub.PutShared, request)
         return Stored(reply.handle, reply.nbytes)
 
@@ -184,7 +187,9 @@ class AsyncGrpcTransport(_Channel, AsyncTransport):
         await self._unary(self._stub.Delete, pb.DeleteRequest(handle=handle))
 
     async def put_shared(self, tensor: Tensor) -> Stored:
-        async with _shm.segment_of_async(tensor) as request:
+        outgoing = _shm.Outgoing.of(tensor)
+        lease = await _shm.registered_async(self._unary(self._stub.RegisterSegment, outgoing.registration()))
+        async with _shm.segment_of_async(outgoing, lease) as request:
             reply = await self._unary(self._stub.PutShared, request)
         return Stored(reply.handle, reply.nbytes)
 

@@ -36,6 +36,7 @@ class ServerConfig:
     shutdown_grace: float = 10.0
     batch_window_ms: float = 0.0  # 0: server-side batching off
     max_batch: int = 64
+    allow_shared_memory: bool = False  # off: RegisterSegment, PutShared and GetShared are refused
     shm_ttl: float = 60.0
     workers: int = 0  # 0: one per CPU core
     log_level: str = "info"
@@ -88,6 +89,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "batch_window_ms": (float, "merge concurrent small calls to the same batchable op arriving within this "
                                "many milliseconds into one kernel call (0: off)"),
     "max_batch": (int, "most calls merged into one batch"),
+    "allow_shared_memory": (bool, "allow same-host transfers through POSIX shared memory (the SDK's put "
+                                  "and get with shared_memory=True, for clients under the server's user); "
+                                  "off, they are refused"),
     "shm_ttl": (float, "seconds a shared-memory segment written for a client's get waits to be claimed "
                        "before the server unlinks it"),
     "workers": (int, "kernel worker threads (0: one per CPU core)"),

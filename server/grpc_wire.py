@@ -131,15 +131,25 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         outputs = await self.service.execute_pipeline(steps, chosen, keep, tenant)
         return await self._response(outputs, "pipeline result")
 
+    # Shared memory (--allow-shared-memory; ``service.shared`` refuses otherwise). A put is
+    # RegisterSegment, whose segment only the same tenant may then hand to PutShared (server/shm.py).
+    async def RegisterSegment(self, request: pb.RegisterSegmentRequest, context) -> pb.RegisterSegmentResponse:
+        tenant = _tenant(self.service, context)
+        # On the loop (a create and an fstat): no await between making the segment and replying.
+        return self.service.shared.register(tenant, request.nbytes, self.service.store.budget_bytes)
+
     async def PutShared(self, request: pb.SharedTensor, context) -> pb.Handle:
         tenant = _tenant(self.service, context)
-        tensor = await self.service.run(self.service.shared.read, request, self.service.store.budget_bytes)
+        shared = self.service.shared
+        tensor = await self.service.run(shared.read, request, tenant, self.service.store.budget_bytes)
         handle, nbytes = await self.service.put(tensor, tenant)
         return pb.Handle(handle=handle, nbytes=nbytes)
 
     async def GetShared(self, request: pb.Handle, context) -> pb.SharedTensor:
-        tensor = await self.service.get(request.handle, _tenant(self.service, context))
-        return await self.service.run(self.service.shared.export, tensor)
+        tenant = _tenant(self.service, context)
+        shared = self.service.shared
+        tensor = await self.service.get(request.handle, tenant)
+        return await self.service.run(shared.export, tensor)
 
     async def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
         await self.service.delete(request.handle, _tenant(self.service, context))

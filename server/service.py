@@ -99,8 +99,13 @@ class Service:
             self.cluster = Cluster(config, config.store_ttl)
 
     @property
-    def shared(self):
-        """The shared-memory segments of same-host transfers (made on first use)."""
+    def shared(self) -> SharedSegments:
+        """The shared-memory segments of same-host transfers (made on first use); refused unless
+        the server was started with --allow-shared-memory."""
+        if not self.config.allow_shared_memory:
+            raise UnimplementedError("shared memory is off on this server: start it with --allow-shared-memory "
+                                     "(SPARSESERVE_ALLOW_SHARED_MEMORY=1) for same-host transfers, or put and "
+                                     "get without shared_memory=True", reason="SHARED_MEMORY_OFF")
         if self._shared is None:
             self._shared = SharedSegments(self.config.shm_ttl)
         return self._shared

@@ -5,9 +5,12 @@ Array data). The segment holds the arrays' bytes in TensorChunk order (COO: indi
 values; compressed: compressed_indices, plain_indices, values; dense: data), each array
 starting at a multiple of ``ALIGN`` bytes from the segment start, zero padding between.
 
-Each side copies the bytes once: the writer into the segment, the reader out of it into
-its own buffers; the reader then unlinks the segment. The layout is computed here from
-the header alone, so the SDK and the server (``server/shm.py``) cannot disagree on it.
+The server makes every segment (``server/shm.py`` says why): one it writes for
+``GetShared``, and an empty one of the size a client announces through ``RegisterSegment``,
+which that client writes and hands back with ``PutShared``. Each side copies the bytes
+once: the writer into the segment, the reader out of it into its own buffers; the reader
+then unlinks the segment. The layout is computed here from the header alone, so the SDK
+and the server cannot disagree on it.
 """
 
 from __future__ import annotations
@@ -16,10 +19,8 @@ import os
 import re
 import secrets
 import stat
-import sys
 import threading
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -29,8 +30,8 @@ from .errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from ..v1 import sparseserve_pb2 as pb
 
 __all__ = ["ALIGN", "SEGMENT_NAME", "Slot", "header_slots", "segment_bytes", "new_segment_name",
-           "create_segment", "close_segment", "unlink_segment", "open_segment", "write_tensor",
-           "read_slot", "read_tensor", "tensor_arrays", "tensor_from_slots"]
+           "create_segment", "unlink_segment", "open_segment", "write_tensor", "read_slot", "read_tensor",
+           "tensor_arrays", "tensor_from_slots"]
 
 # Cache-line alignment: every dtype's alignment divides it, and copies run on whole lines.
 ALIGN = 64
@@ -108,34 +109,27 @@ _IO_BYTES = 1 << 30
 
 
 def new_segment_name() -> str:
+    """A fresh name: 128 random bits, so nobody can guess one the server has not told them."""
     return "sparseserve-" + secrets.token_hex(16)
 
 
-def _untracked(name: str, create: bool = False, size: int = 0) -> shared_memory.SharedMemory:
-    """A ``SharedMemory`` the resource tracker leaves alone: it would unlink segments handed to
-    the other process when this one exits, and warn about them as leaks."""
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name, create=create, size=size, track=False)
-    from multiprocessing import resource_tracker
+def create_segment(name: str, size: int) -> int:
+    """A new segment ``name`` of ``size`` bytes, mode 0600, made with O_CREAT|O_EXCL (a name that
+    exists already is ``FileExistsError``, never opened); returns its read-write descriptor."""
+    from _posixshmem import shm_open
 
-    shm = shared_memory.SharedMemory(name, create=create, size=size)
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm
-
-
-def create_segment(size: int) -> shared_memory.SharedMemory:
-    """A new segment (mode 0600) of ``size`` bytes (at least 1: POSIX has no empty ones)."""
-    return _untracked(new_segment_name(), create=True, size=max(size, 1))
-
-
-def close_segment(shm: shared_memory.SharedMemory) -> None:
-    shm.close()
+    fd = shm_open("/" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        unlink_segment(name)
+        raise
+    return fd
 
 
 def unlink_segment(name: str) -> bool:
-    """Remove a segment's name; False when it was already gone. Not ``SharedMemory.unlink``:
-    before Python 3.13 that also unregisters from the resource tracker, which complains
-    about a name it was never given (``_untracked``)."""
+    """Remove a segment's name; False when it was already gone."""
     from _posixshmem import shm_unlink
 
     try:
@@ -145,17 +139,18 @@ def unlink_segment(name: str) -> bool:
     return True
 
 
-def open_segment(name: str, missing: str) -> int:
-    """A read-only descriptor of segment ``name`` (glibc's shm_open adds O_NOFOLLOW);
-    ``missing`` says why it might not exist."""
+def open_segment(name: str, missing: str, writable: bool = False) -> int:
+    """A descriptor of the existing segment ``name``, read-only unless ``writable`` (never created;
+    glibc's shm_open adds O_NOFOLLOW); ``missing`` says why it might not exist."""
     from _posixshmem import shm_open
 
     try:
-        fd = shm_open("/" + name, os.O_RDONLY, 0)
+        fd = shm_open("/" + name, os.O_RDWR if writable else os.O_RDONLY, 0)
     except FileNotFoundError:
         raise NotFoundError(f"segment {name} does not exist ({missing})", reason="SEGMENT_NOT_FOUND") from None
     except OSError as exc:
-        raise InvalidArgumentError(f"segment {name} cannot be opened: {exc.strerror}",
+        raise InvalidArgumentError(f"segment {name} cannot be opened: {exc.strerror} (shared memory needs "
+                                   "the client and the server under one user, or root)",
                                    reason="BAD_SEGMENT") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -163,14 +158,13 @@ def open_segment(name: str, missing: str) -> int:
     return fd
 
 
-def write_tensor(shm: shared_memory.SharedMemory, slots: list[Slot], arrays: list[np.ndarray]) -> None:
-    """Copy ``arrays`` to their slots (one copy each)."""
+def write_tensor(fd: int, slots: list[Slot], arrays: list[np.ndarray]) -> None:
+    """Copy ``arrays`` to their slots of the segment open as ``fd`` (one copy each)."""
     for slot, a in zip(slots, arrays):
         view = a.reshape(-1).view(np.uint8).data
         done = 0
         while done < slot.nbytes:
             try:
-                fd = shm._fd  # type: ignore[attr-defined]  # the segment's descriptor; no public name
                 done += os.pwritev(fd, [view[done:done + _IO_BYTES]], slot.offset + done)
             except OSError as exc:
                 raise ResourceExhaustedError(f"no room for a {segment_bytes(slots)}-byte shared-memory "
