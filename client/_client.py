@@ -94,8 +94,10 @@ class _Base:
     def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None,
                  encoding: str = "protobuf", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 stream_above_bytes: int = DEFAULT_STREAM_ABOVE_BYTES, ca_file: str | None = None):
-        self._settings = Settings.parse(target, ca_file=ca_file, token=token, timeout=timeout, encoding=encoding,
+                 stream_above_bytes: int = DEFAULT_STREAM_ABOVE_BYTES, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None):
+        self._settings = Settings.parse(target, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
+                                        token=token, timeout=timeout, encoding=encoding,
                                         chunk_bytes=chunk_bytes, max_message_bytes=max_message_bytes,
                                         stream_above_bytes=stream_above_bytes)
         self._catalogue: dict[str, dict] | None = None
@@ -199,7 +201,8 @@ class Client(_Base, ClientOps):
     ``Client("localhost:50051")`` speaks gRPC; ``Client("http://localhost:8000")``
     speaks REST (protobuf bodies by default, ``encoding="json"`` for JSON).
     ``grpcs://host:port`` and ``https://...`` use TLS, trusting the PEM ``ca_file`` or, without
-    it, the system's roots.
+    it, the system's roots; ``cert_file`` and ``key_file`` (PEM) are the client certificate and
+    its key that a server with --tls-client-ca asks for (mutual TLS: its subject's CN is the tenant).
     """
 
     def __init__(self, target: str, **kwargs: Any):

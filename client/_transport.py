@@ -48,6 +48,29 @@ class Stored(NamedTuple):
 
 
 @dataclass(frozen=True)
+class ClientCertificate:
+    """The certificate a client presents in the TLS handshake (mutual TLS): the files, which
+    ``ssl`` loads (REST), and their PEM bytes, which gRPC takes."""
+
+    cert_file: str
+    key_file: str
+    cert_pem: bytes
+    key_pem: bytes
+
+    @classmethod
+    def read(cls, cert_file: str, key_file: str) -> "ClientCertificate":
+        """Both files read and checked to be a PEM certificate (chain) and its private key now, so a
+        bad pair fails here, not at the first call."""
+        try:
+            ssl.create_default_context().load_cert_chain(cert_file, key_file)
+            with open(cert_file, "rb") as cert, open(key_file, "rb") as key:
+                return cls(cert_file, key_file, cert.read(), key.read())
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cert_file {cert_file!r} and key_file {key_file!r} must be a readable PEM "
+                             f"certificate and its private key: {exc}") from None
+
+
+@dataclass(frozen=True)
 class Settings:
     """A client's target and options, checked: what a transport is made from."""
 
@@ -56,6 +79,7 @@ class Settings:
     address: str  # host:port (gRPC) or the base URL (REST)
     tls: bool
     ca_pem: bytes | None  # None: the system's roots
+    client_cert: ClientCertificate | None = None  # None: none presented (no mutual TLS)
     token: str | None = None
     timeout: float | None = None
     encoding: str = "protobuf"
@@ -64,17 +88,23 @@ class Settings:
     stream_above_bytes: int = DEFAULT_STREAM_ABOVE_BYTES
 
     @classmethod
-    def parse(cls, target: str, *, ca_file: str | None = None, **options: Any) -> "Settings":
+    def parse(cls, target: str, *, ca_file: str | None = None, cert_file: str | None = None,
+              key_file: str | None = None, **options: Any) -> "Settings":
         """``host:port`` or ``grpc(s)://host:port`` speaks gRPC, ``http(s)://...`` REST; grpcs
-        and https use TLS, trusting ``ca_file`` (PEM) or the system's roots."""
+        and https use TLS, trusting ``ca_file`` (PEM) or the system's roots, and presenting the
+        client certificate ``cert_file`` with its key ``key_file`` when given (mutual TLS)."""
         if options.get("encoding", "protobuf") not in ("protobuf", "json"):
             raise ValueError("encoding must be 'protobuf' or 'json'")
         wire, address, tls = _split_target(target)
-        if ca_file is not None and not tls:
-            raise ValueError(f"ca_file is for TLS targets (grpcs://host:port or https://...); "
-                             f"{target!r} is plaintext")
+        for name, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
+            if value is not None and not tls:
+                raise ValueError(f"{name} is for TLS targets (grpcs://host:port or https://...); "
+                                 f"{target!r} is plaintext")
+        if (cert_file is None) != (key_file is None):
+            raise ValueError("cert_file and key_file go together: a client certificate and its private key")
         ca_pem = _read_ca(ca_file) if ca_file is not None else None
-        return cls(target, wire, address, tls, ca_pem, **options)
+        client_cert = ClientCertificate.read(cert_file, key_file) if cert_file and key_file else None
+        return cls(target, wire, address, tls, ca_pem, client_cert, **options)
 
 
 def _split_target(target: str) -> tuple[str, str, bool]:

@@ -66,7 +66,10 @@ class _Channel:
         options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                    ("grpc.max_send_message_length", settings.max_message_bytes), *GRPC_WINDOW_OPTIONS]
         if settings.tls:
-            credentials = grpc.ssl_channel_credentials(root_certificates=settings.ca_pem)
+            mine = settings.client_cert
+            credentials = grpc.ssl_channel_credentials(root_certificates=settings.ca_pem,
+                                                       private_key=mine.key_pem if mine else None,
+                                                       certificate_chain=mine.cert_pem if mine else None)
             self._channel = grpc_api.secure_channel(settings.address, credentials, options=options)
         else:
             self._channel = grpc_api.insecure_channel(settings.address, options=options)

@@ -36,13 +36,16 @@ _T = TypeVar("_T")
 
 def _session(settings: Settings, headers: dict[str, str]) -> _http.Connections | httpx.Client:
     """``_http``'s connections where no proxy applies to the server, else httpx's client; both
-    with the same TLS context (whether a proxy applies is read once, when httpx reads it)."""
+    with the same TLS context, the client certificate in it where there is one (whether a proxy
+    applies is read once, when httpx reads it)."""
     if not settings.tls:
         context = None
     elif settings.ca_pem:
         context = ssl.create_default_context(cadata=settings.ca_pem.decode("ascii"))
     else:
         context = httpx.create_ssl_context()
+    if context is not None and settings.client_cert is not None:  # mutual TLS
+        context.load_cert_chain(settings.client_cert.cert_file, settings.client_cert.key_file)
     if _http.direct_route(settings.address):
         return _http.Connections(settings.address, headers=headers, timeout=settings.timeout, context=context)
     return httpx.Client(base_url=settings.address, timeout=settings.timeout, headers=headers,

@@ -9,15 +9,18 @@ import gc
 import json
 import logging
 import signal
+import ssl
 import sys
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .config import ServerConfig
 from .grpc_wire import create_grpc_server, set_serving
 from .metrics import JsonFormatter
 from .rest_wire import create_app
 from .service import Service
+from .tenants import rfc4514
 
 __all__ = ["serve", "run"]
 
@@ -28,6 +31,45 @@ class _Uvicorn(uvicorn.Server):
     # The process handles SIGINT/SIGTERM itself and stops both wires together.
     def capture_signals(self):
         return contextlib.nullcontext()
+
+
+class _PeerCertificate(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol with the verified client certificate in each request's scope,
+    as the ASGI TLS extension has it (``scope["extensions"]["tls"]``: ``client_cert_chain``, PEM,
+    and ``client_cert_name``, the subject in RFC 4514). uvicorn (0.54) does not fill the extension
+    in, nor show the app its transport; the protocol is the one place that sees both the TLS
+    connection and the requests on it, and uvicorn takes a protocol class (``http=``). Per
+    connection: the certificate is read once, after the handshake verified it."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if not der:
+            return  # not TLS, or no certificate: nothing for the app to read (it refuses the calls)
+        tls = {"server_cert": None, "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)],
+               "client_cert_name": rfc4514(ssl_object.getpeercert().get("subject", ())),
+               "client_cert_error": None, "tls_version": _TLS_VERSIONS.get(ssl_object.version()),
+               "cipher_suite": None}
+        app = self.app
+
+        async def app_with_tls(scope, receive, send):
+            scope.setdefault("extensions", {}).setdefault("tls", tls)  # a uvicorn that fills it in wins
+            return await app(scope, receive, send)
+
+        self.app = app_with_tls
+
+
+# The ASGI TLS extension's tls_version: the protocol's number on the wire.
+_TLS_VERSIONS = {"TLSv1.2": 0x0303, "TLSv1.3": 0x0304}
+
+
+def _client_certificates(config: ServerConfig) -> dict:
+    """uvicorn's settings for mutual TLS (--tls-client-ca): a client certificate signed by the CA
+    is required in the handshake, and the protocol that shows it to the app."""
+    if not config.tls_client_ca:
+        return {}
+    return {"ssl_ca_certs": config.tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED, "http": _PeerCertificate}
 
 
 def _announce(event: str, **fields) -> None:
@@ -54,7 +96,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                                    log_config=None,  # uvicorn's lines go through our JSON handler
                                    # uvicorn annotates an int, and uses it as a timeout: seconds as a float work
                                    timeout_graceful_shutdown=config.shutdown_grace,  # type: ignore[arg-type]
-                                   ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key))
+                                   ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
+                                   **_client_certificates(config)))
     http_task = asyncio.create_task(http.serve())
     while not http.started:
         if http_task.done():  # failed to bind, say
@@ -63,7 +106,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         await asyncio.sleep(0.01)
     http_port = http.servers[0].sockets[0].getsockname()[1]
     _announce("listening", host=config.host, grpc_port=grpc_port, http_port=http_port,
-              device=service.device, tls=bool(config.tls_cert))
+              device=service.device, tls=bool(config.tls_cert), mtls=bool(config.tls_client_ca))
 
     # Kernels compile (or load from numba's cache) off the loop; both wires answer meanwhile.
     warm = loop.run_in_executor(service.executor, service.warm_up)

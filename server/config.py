@@ -42,6 +42,8 @@ class ServerConfig:
     log_level: str = "info"
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_client_ca: str | None = None  # None: no client certificates (tenants, if any, by token)
+    metrics_token: str | None = None  # None: /metrics needs no token
     dask_scheduler: str | None = None  # None: no scale-out, Dask not imported
     distribute_above_bytes: int = 1 * GiB  # 0: only put(partitions=N) partitions
     dask_store_bytes: int = 0  # 0: the Dask workers' memory limits added up
@@ -98,6 +100,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "log_level": (str, "debug, info, warning or error"),
     "tls_cert": (str, "PEM certificate (chain) file; with --tls-key, gRPC serves TLS and REST HTTPS only"),
     "tls_key": (str, "PEM private key file of --tls-cert"),
+    "tls_client_ca": (str, "PEM CA certificate(s) file: with --tls-cert, both wires require a client "
+                           "certificate signed by it (mutual TLS), and its subject's CN is the tenant"),
+    "metrics_token": (str, "a bearer token GET /metrics requires (unset: /metrics is open)"),
     "dask_scheduler": (str, "address of a Dask scheduler (tcp://HOST:PORT): partitioned tensors live on its "
                             "workers, and replicas on the same scheduler share their handles"),
     "distribute_above_bytes": (int, "with --dask-scheduler, a tensor stored (put, or an op's kept result) "
@@ -167,6 +172,7 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
     _check_tls(parser, ns)
+    _check_client_ca(parser, ns)
     return ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)})
 
 
@@ -191,3 +197,16 @@ def _check_tls(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
         except ssl.SSLError as exc:
             parser.error(f"--tls-cert {ns.tls_cert} and --tls-key {ns.tls_key} must be a PEM certificate "
                          f"and its private key: {exc}")
+
+
+def _check_client_ca(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    # Mutual TLS is TLS first: without a server certificate there is no handshake to ask for one.
+    if not ns.tls_client_ca:
+        return
+    if not ns.tls_cert:
+        parser.error("--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for "
+                     "in the TLS handshake")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ns.tls_client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        parser.error(f"--tls-client-ca {ns.tls_client_ca} must be a readable PEM CA certificate: {exc}")

@@ -25,6 +25,7 @@ from .limits import deadline_from_remaining, seconds_left
 from .metrics import Metrics, RequestInfo, count_sent, current
 from .service import Service, partitions_from_text
 from .store import STORE_LIMIT, STORE_REASON
+from .tenants import call_tenant
 
 __all__ = ["create_grpc_server", "catalogue_to_pb"]
 
@@ -69,6 +70,10 @@ _CALL_ALREADY_ENDED = getattr(cygrpc, "ExecuteBatchError", grpc.RpcError)
 
 
 def _tenant(service: Service, context: grpc.aio.ServicerContext) -> str:
+    if service.config.tls_client_ca:  # mutual TLS: the handshake verified the certificate
+        names = context.auth_context().get("x509_common_name") or [b""]
+        authorization = _metadata_value(context, "authorization") if service.tokens else None
+        return call_tenant(service, authorization, names[0].decode("utf-8", errors="replace"))
     if not service.tokens:  # no tokens, one tenant: the metadata need not be read
         return ""
     return service.tenant_for(_metadata_value(context, "authorization"))
@@ -258,12 +263,21 @@ def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.a
     reflection.enable_server_reflection(names, server)
     address = f"{service.config.host}:{service.config.grpc_port}"
     if service.config.tls_cert and service.config.tls_key:  # the flags' check: both or neither
-        with open(service.config.tls_cert, "rb") as cert, open(service.config.tls_key, "rb") as key:
-            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
-        port = server.add_secure_port(address, credentials)
+        port = server.add_secure_port(address, _server_credentials(service.config))
     else:
         port = server.add_insecure_port(address)
     return server, port, health_servicer
+
+
+def _server_credentials(config) -> grpc.ServerCredentials:
+    """TLS with the server's certificate; with --tls-client-ca, a client certificate signed by
+    that CA is required in the handshake (mutual TLS), before any call is read."""
+    with open(config.tls_cert, "rb") as cert, open(config.tls_key, "rb") as key:
+        pair = (key.read(), cert.read())
+    if not config.tls_client_ca:
+        return grpc.ssl_server_credentials([pair])
+    with open(config.tls_client_ca, "rb") as ca:
+        return grpc.ssl_server_credentials([pair], root_certificates=ca.read(), require_client_auth=True)
 
 
 async def set_serving(health_servicer, serving: bool) -> None:

@@ -8,6 +8,7 @@ registry's argument types.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Any
 
@@ -21,7 +22,7 @@ from sparseserve.core.jsoncodec import dumps, is_tensor_json, loads, tensor_from
 from sparseserve.core.tensor import OutputRef
 from sparseserve.core.wire import HTTP_TO_CODE, REQUEST_ID_KEY, TIMEOUT_KEY, iter_slices, pipeline_from_pb
 from sparseserve.core.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
-                                SparseServeError)
+                                SparseServeError, UnauthenticatedError)
 from sparseserve.kernels.text import json_depth
 from sparseserve.v1 import sparseserve_pb2 as pb
 
@@ -30,6 +31,7 @@ from .metrics import CONTENT_TYPE_LATEST, current
 from .registry import OpDef
 from .service import Service, partitions_from_text
 from .sizes import arguments_nbytes
+from .tenants import call_tenant, common_name
 
 __all__ = ["create_app", "PROTOBUF"]
 
@@ -137,6 +139,29 @@ class _Observe:
                 current.reset(token)
 
 
+def _tenant(service: Service, request: Request) -> str:
+    """The caller's tenant (``tenants.call_tenant``): under mutual TLS from the client
+    certificate's subject, which the ASGI TLS extension carries (``client_cert_name``, RFC 4514;
+    ``app.py`` puts it in the scope, as uvicorn does not)."""
+    authorization = request.headers.get("authorization")
+    if not service.config.tls_client_ca:
+        return service.tenant_for(authorization)
+    tls = request.scope.get("extensions", {}).get("tls") or {}
+    subject = tls.get("client_cert_name")
+    return call_tenant(service, authorization, common_name(subject) if subject else None)
+
+
+def _check_metrics_token(service: Service, authorization: str | None) -> None:
+    expected = service.config.metrics_token
+    if not expected:
+        return
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise UnauthenticatedError("GET /metrics needs the metrics token (Authorization: Bearer ..., "
+                                   "the server's --metrics-token)",
+                                   reason="BAD_TOKEN" if authorization else "MISSING_TOKEN")
+
+
 async def _read_body(request: Request, service: Service) -> bytes | memoryview:
     limit = service.config.max_request_bytes
     declared = request.headers.get("content-length")
@@ -236,8 +261,10 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(_Observe, service=service)
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics():
-        """Prometheus text. No token: it is the operator's, like /healthz."""
+    async def metrics(request: Request):
+        """Prometheus text: the operator's, not a tenant's. With --metrics-token it needs that
+        token (Authorization: Bearer), else none, like /healthz."""
+        _check_metrics_token(service, request.headers.get("authorization"))
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", tags=["health"])
@@ -254,7 +281,7 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/v1/ops", tags=["ops"])
     async def list_ops(request: Request):
         """The op catalogue: every op with its arguments, types, defaults, outputs and docs."""
-        service.tenant_for(request.headers.get("authorization"))
+        _tenant(service, request)
         return {"device": service.device, "ops": service.catalogue()}
 
     for op in service.registry:
@@ -268,7 +295,7 @@ def create_app(service: Service) -> FastAPI:
     async def put_tensor(request: Request):
         """Store a tensor (JSON tensor or protobuf `Tensor`) and return its handle. `?partitions=N`
         (a server with --dask-scheduler): cut it into N row blocks on the Dask workers."""
-        tenant = service.tenant_for(request.headers.get("authorization"))
+        tenant = _tenant(service, request)
         body = await _read_body(request, service)
         decode = _decode_pb_tensor if _is_protobuf_body(request) else _decode_json_tensor
         partitions = partitions_from_text(request.query_params.get("partitions"), "the partitions query parameter")
@@ -281,7 +308,7 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/v1/tensors/{handle}", tags=["tensors"])
     async def get_tensor(handle: str, request: Request):
         """Fetch a stored tensor (JSON, or protobuf `Tensor` with `Accept: application/x-protobuf`)."""
-        tensor = await service.get(handle, service.tenant_for(request.headers.get("authorization")))
+        tensor = await service.get(handle, _tenant(service, request))
         if _wants_protobuf(request):
             # The message streams as its pieces, the arrays straight from the store's memory.
             pieces = await service.run(tensor_pieces, tensor)
@@ -293,7 +320,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.delete("/v1/tensors/{handle}", tags=["tensors"])
     async def delete_tensor(handle: str, request: Request):
-        await service.delete(handle, service.tenant_for(request.headers.get("authorization")))
+        await service.delete(handle, _tenant(service, request))
         return {"deleted": True}
 
     @app.post("/v1/pipelines", tags=["pipelines"], openapi_extra=_PIPELINE_BODY)
@@ -301,7 +328,7 @@ def create_app(service: Service) -> FastAPI:
         """Run a short chain of ops in one request: a step's argument `{"ref": "<step>.<output>"}`
         is an output of an earlier step. Every step is checked before the first runs; `outputs`
         (default: the last step's) come back, or their handles with `keep`."""
-        tenant = service.tenant_for(request.headers.get("authorization"))
+        tenant = _tenant(service, request)
         body = await _read_body(request, service)
         steps, outputs, keep = await service.run(_decode_pipeline_body, body, _is_protobuf_body(request),
                                                  service.config.max_json_depth, nbytes=len(body))
@@ -433,7 +460,7 @@ def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
         PROTOBUF: {"schema": {"type": "string", "format": "binary"}}}}}
 
     async def run_op(request: Request, keep: bool = False):
-        tenant = service.tenant_for(request.headers.get("authorization"))
+        tenant = _tenant(service, request)
         body = await _read_body(request, service)
         protobuf = _is_protobuf_body(request)
         args, keep_in_body = await service.run(_decode_op_body, body, protobuf, service.config.max_json_depth,
