@@ -12,7 +12,10 @@ What lives where:
   dataset is what keeps the blocks alive. Deleting it through any replica unpublishes it, and the
   workers free the blocks.
 - The replica that made a handle accounts for it in a store of its own (``--dask-store-bytes``,
-  ``--store-ttl``): evicting or expiring it there unpublishes it too.
+  ``--store-ttl``, and per tenant ``--tenant-dask-store-bytes``): evicting or expiring it there
+  unpublishes it too.
+- With ``--dask-tls-*`` the replica speaks TLS to the scheduler and workers (Dask's ``Security``,
+  a ``tls://`` address): it presents its certificate and checks theirs against the CA.
 - Plans (``server/partition.py``), declared beside each op, say how it runs on blocks; an op
   without one gathers its partitioned arguments into this process first, within
   ``--max-result-bytes``, or refuses with RESOURCE_EXHAUSTED.
@@ -33,16 +36,18 @@ import numpy as np
 
 import distributed
 from distributed import Client, wait
+from distributed.security import Security
 
 from sparseserve.core.tensor import HandleRef, SparseTensor
-from sparseserve.core.errors import (InternalError, NotFoundError, PermissionDeniedError, SparseServeError,
-                                UnavailableError)
+from sparseserve.core.errors import (InternalError, NotFoundError, PermissionDeniedError, ResourceExhaustedError,
+                                SparseServeError, UnavailableError)
 
 from . import blockwork
 from . import partition as part
 from .trust import trust
 from .limits import deadline_exceeded, seconds_left
-from .store import HandleStore, new_handle
+from .sizes import tensor_nbytes
+from .store import STORE_REASON, HandleStore, new_handle
 
 __all__ = ["Cluster", "DistributedTensor", "Gathered"]
 
@@ -139,7 +144,10 @@ class Cluster:
         except UnavailableError as exc:
             raise SystemExit(f"--dask-scheduler {config.dask_scheduler}: {exc.message}") from None
         budget = config.dask_store_bytes or self.workers_memory() or (1 << 62)
-        self.store = HandleStore(budget, store_ttl, on_drop=self._unpublish_later,
+        # Each tenant's partitioned tensors made here, as --tenant-store-bytes does for the local
+        # store: a tenant over it makes room from its own, least recently used first.
+        self.store = HandleStore(budget, store_ttl, tenant_budget_bytes=config.tenant_dask_store_bytes,
+                                 on_drop=self._unpublish_later,
                                  limit="the partitioned tensors' budget (--dask-store-bytes)")
         self._unpublish: queue.SimpleQueue[str] = queue.SimpleQueue()
         threading.Thread(target=self._unpublisher, name="sparseserve-unpublish", daemon=True).start()
@@ -158,9 +166,20 @@ class Cluster:
 
     def _connect(self) -> Client:
         try:
-            return Client(self.config.dask_scheduler, timeout=_CONNECT_SECONDS, set_as_default=False)
+            return Client(self.config.dask_scheduler, timeout=_CONNECT_SECONDS, set_as_default=False,
+                          security=self._security())
         except (OSError, TimeoutError) as exc:
             raise UnavailableError(f"cannot reach the Dask scheduler ({exc})", reason="CLUSTER_UNAVAILABLE") from None
+
+    def _security(self) -> Security | None:
+        """TLS to the scheduler and workers (--dask-tls-*; the flags' check makes the address
+        tls://): this replica's certificate, the CA theirs must be signed by, and no plaintext
+        comm at all. None: Dask's own configuration (plain tcp:// unless it says otherwise)."""
+        config = self.config
+        if not config.dask_tls_cert:
+            return None
+        return Security(tls_ca_file=config.dask_tls_ca, tls_client_cert=config.dask_tls_cert,
+                        tls_client_key=config.dask_tls_key, require_encryption=True)
 
     def workers_memory(self) -> int:
         """The memory limits of the workers connected now, added up (0 when they set none)."""
@@ -180,6 +199,7 @@ class Cluster:
     def put(self, tensor: Any, tenant: str, partitions: int) -> tuple[str, int]:
         """Cut ``tensor`` into at most ``partitions`` row blocks, send them to the workers and
         publish them under a new handle."""
+        self._check_budgets(tensor_nbytes(tensor))  # before a byte goes to the workers
         with _dask_errors("storing a partitioned tensor"):
             bounds = part.row_bounds(tensor, partitions)
             blocks = self.client.scatter(part.split_rows(tensor, bounds), hash=False)
@@ -189,6 +209,7 @@ class Cluster:
             return self.keep(self._distributed(checked, bounds), tenant)
 
     def keep(self, dt: DistributedTensor, tenant: str) -> tuple[str, int]:
+        self._check_budgets(dt.nbytes)
         handle = new_handle()
         record = {"tenant": tenant, "bounds": dt.bounds, "block_nnz": dt.block_nnz, "nbytes": dt.nbytes,
                   "meta": dt.meta, "blocks": dt.blocks}
@@ -200,6 +221,22 @@ class Cluster:
             self._unpublish_now(handle)
             raise
         return handle, dt.nbytes
+
+    def _check_budgets(self, nbytes: int) -> None:
+        """A partitioned tensor bigger than the whole budget (STORE_BUDGET) or than one tenant's
+        (TENANT_QUOTA, HTTP 429 as for the local store) is refused, naming this store's flags;
+        smaller ones make room (``HandleStore.put``)."""
+        if nbytes > self.store.budget_bytes:
+            raise ResourceExhaustedError(f"the tensor takes {nbytes} bytes, over the partitioned tensors' budget "
+                                         f"(--dask-store-bytes) of {self.store.budget_bytes} bytes",
+                                         reason=STORE_REASON)
+        quota = self.store.tenant_budget_bytes
+        if quota and nbytes > quota:
+            err = ResourceExhaustedError(f"the tensor takes {nbytes} bytes, over the budget of one tenant's "
+                                         f"partitioned tensors, {quota} bytes (--tenant-dask-store-bytes)",
+                                         reason="TENANT_QUOTA")
+            err.http_status = 429  # a quota, not a size limit
+            raise err
 
     def lookup(self, handle: str, tenant: str) -> DistributedTensor:
         """The partitioned tensor ``handle`` names, made through any replica."""

@@ -47,6 +47,10 @@ class ServerConfig:
     dask_scheduler: str | None = None  # None: no scale-out, Dask not imported
     distribute_above_bytes: int = 1 * GiB  # 0: only put(partitions=N) partitions
     dask_store_bytes: int = 0  # 0: the Dask workers' memory limits added up
+    tenant_dask_store_bytes: int = 0  # 0: tenants share --dask-store-bytes
+    dask_tls_ca: str | None = None  # with dask_tls_cert and dask_tls_key: tls:// to the Dask cluster
+    dask_tls_cert: str | None = None
+    dask_tls_key: str | None = None
 
     def tokens(self) -> dict[str, str]:
         """token -> tenant name. Empty: no authentication."""
@@ -110,6 +114,13 @@ _FLAGS: dict[str, tuple[type, str]] = {
                                     "when put asks for partitions)"),
     "dask_store_bytes": (int, "byte budget of the partitioned tensors this replica made; least recently "
                               "used out first (0: the Dask workers' memory limits added up)"),
+    "tenant_dask_store_bytes": (int, "byte budget of one tenant's partitioned tensors made by this replica; a "
+                                     "tenant over it loses its own least recently used first (0: tenants "
+                                     "share --dask-store-bytes)"),
+    "dask_tls_ca": (str, "PEM CA certificate the Dask scheduler's and workers' certificates are signed by; "
+                         "with --dask-tls-cert and --dask-tls-key, a tls:// --dask-scheduler"),
+    "dask_tls_cert": (str, "PEM certificate this replica presents to the Dask scheduler and workers"),
+    "dask_tls_key": (str, "PEM private key of --dask-tls-cert"),
 }
 
 
@@ -168,11 +179,13 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("tenant_store_bytes", "buffer_pool_bytes", "max_concurrency", "max_queue", "workers",
-                 "shutdown_grace", "batch_window_ms", "distribute_above_bytes", "dask_store_bytes"):
+                 "shutdown_grace", "batch_window_ms", "distribute_above_bytes", "dask_store_bytes",
+                 "tenant_dask_store_bytes"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
     _check_tls(parser, ns)
     _check_client_ca(parser, ns)
+    _check_dask_tls(parser, ns)
     return ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)})
 
 
@@ -210,3 +223,29 @@ def _check_client_ca(parser: argparse.ArgumentParser, ns: argparse.Namespace) ->
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ns.tls_client_ca)
     except (OSError, ssl.SSLError) as exc:
         parser.error(f"--tls-client-ca {ns.tls_client_ca} must be a readable PEM CA certificate: {exc}")
+
+
+def _check_dask_tls(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    # All three or none, only with a scheduler, and tls:// exactly when they are given: a replica
+    # must never fall back to plaintext towards a cluster that holds every tenant's blocks.
+    flags = {"--dask-tls-ca": ns.dask_tls_ca, "--dask-tls-cert": ns.dask_tls_cert, "--dask-tls-key": ns.dask_tls_key}
+    given = [flag for flag, path in flags.items() if path]
+    scheduler = ns.dask_scheduler or ""
+    if given and not scheduler:
+        parser.error(f"{given[0]} is for the connection to the Dask cluster: give --dask-scheduler too")
+    if given and len(given) < len(flags):
+        missing = [flag for flag in flags if flag not in given]
+        parser.error(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} {' and '.join(missing)} too: "
+                     "TLS to Dask takes the CA, this replica's certificate and its key")
+    if scheduler.startswith("tls://") and not given:
+        parser.error(f"--dask-scheduler {scheduler} speaks TLS: give --dask-tls-ca, --dask-tls-cert and "
+                     "--dask-tls-key")
+    if given and not scheduler.startswith("tls://"):
+        parser.error(f"--dask-tls-* given, but --dask-scheduler {scheduler} is not a tls:// address")
+    if given:
+        try:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ns.dask_tls_ca)
+            context.load_cert_chain(ns.dask_tls_cert, ns.dask_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            parser.error(f"--dask-tls-ca {ns.dask_tls_ca}, --dask-tls-cert {ns.dask_tls_cert} and --dask-tls-key "
+                         f"{ns.dask_tls_key} must be a readable PEM CA certificate, certificate and its key: {exc}")

@@ -3,8 +3,9 @@
 Every op with a partitioned plan gives exactly the single-node answer (a second Service without
 a cluster computes it from the same tensor); ops without one gather; handles are shared by
 replicas and freed on the workers when deleted or evicted; a worker killed mid-request gives
-the right answer or a clear error, and the service keeps serving. The last tests run real
-servers on the cluster and drive them with the SDK over both wires.
+the right answer or a clear error, and the service keeps serving; each tenant makes room from
+its own partitioned tensors. The last tests run real servers on the cluster and drive them with
+the SDK over both wires, on a cluster that speaks TLS only too.
 """
 
 from __future__ import annotations
@@ -385,6 +386,45 @@ def test_eviction_and_expiry_free_the_blocks(cluster, dask):
         svc.close()
 
 
+def test_each_tenant_makes_room_from_its_own_partitioned_tensors(cluster, dask):
+    """--tenant-dask-store-bytes: a tenant over its budget loses its own least recently used
+    partitioned tensors (their blocks freed on the workers), never another tenant's; a tensor
+    bigger than the budget is refused (TENANT_QUOTA, HTTP 429), as in the local store."""
+    svc = Service(ServerConfig(dask_scheduler=cluster.scheduler_address, dask_store_bytes=1 << 20,
+                               tenant_dask_store_bytes=80_000), REGISTRY)
+    try:
+        b_first = put(svc, A, tenant="b")  # 36 kB each
+        a_first = put(svc, A, tenant="a")
+        a_second = put(svc, coo((300, 40), 1500, seed=11), tenant="a")
+        run(svc.get(a_first, "a"))  # used: now a_second is a's least recently used
+        a_second_keys = block_keys_of(dask, a_second)
+        a_third = put(svc, coo((300, 40), 1500, seed=14), tenant="a")  # a is over: its own oldest goes
+        eventually(lambda: not held(dask, a_second_keys))  # unpublished by a thread of the replica's
+        with pytest.raises(NotFoundError):
+            run(svc.get(a_second, "a"))
+        for handle, tenant in ((a_first, "a"), (a_third, "a"), (b_first, "b")):
+            assert run(svc.get(handle, tenant)).nnz == 1500
+        # b's kept results push out only b's own.
+        b_first_keys = block_keys_of(dask, b_first)
+        kept = execute(svc, "transpose", {"sp_input": HandleRef(b_first)}, keep=True, tenant="b")
+        b_second = execute(svc, "reorder", {"sp_input": kept}, keep=True, tenant="b")
+        eventually(lambda: not held(dask, b_first_keys))
+        with pytest.raises(NotFoundError):
+            run(svc.get(b_first, "b"))
+        assert run(svc.get(b_second.handle, "b")).nnz == 1500 and run(svc.get(a_third, "a")).nnz == 1500
+        # Bigger than one tenant's budget: refused, put or kept, naming the flag.
+        big = coo((900, 40), 4000, seed=13)  # 96 kB
+        with pytest.raises(ResourceExhaustedError, match="--tenant-dask-store-bytes") as err:
+            put(svc, big, tenant="a")
+        assert err.value.reason == "TENANT_QUOTA" and err.value.http_status == 429
+        with pytest.raises(ResourceExhaustedError, match="--tenant-dask-store-bytes"):
+            execute(svc, "to_dense", {"sp_input": HandleRef(a_first)}, keep=True, tenant="a")  # 96 kB dense
+        assert run(svc.get(a_first, "a")).nnz == 1500 and run(svc.get(a_third, "a")).nnz == 1500
+        assert run(svc.get(b_second.handle, "b")).nnz == 1500
+    finally:
+        svc.close()
+
+
 def test_a_closed_dask_client_is_replaced_on_the_next_call(cluster, single):
     """Dask closes a client for good once its scheduler has been away past the reconnect
     timeout; the replica connects again rather than failing every later call."""
@@ -487,6 +527,101 @@ def block_keys_of(dask: Client, handle: str) -> list[str]:
     return dask.run_on_scheduler(lambda dask_scheduler: [
         t.key for t in dask_scheduler.tasks.values()
         if any(c.client_key == f"published-{handle}" for c in t.who_wants)])
+
+
+# ------------------------------------------------------------------ TLS to the Dask cluster
+@pytest.fixture(scope="module")
+def dask_tls(tmp_path_factory):
+    """A Dask CA and certificates signed by it for the scheduler and the workers (each dials the
+    other, so for both ends of a connection) and for a replica; a replica certificate of another CA."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from test_tls import Authority
+
+    directory = tmp_path_factory.mktemp("dask-tls")
+    authority, stranger = Authority(directory, "dask"), Authority(directory, "stranger")
+
+    def named(cn):
+        return [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+
+    return {"ca": str(authority.path),
+            "scheduler": authority.issue("scheduler", named("dask-scheduler"), server=True, client=True),
+            "worker": authority.issue("worker", named("dask-worker"), server=True, client=True),
+            "replica": authority.issue("replica", named("sparseserve"), client=True),
+            "stranger": stranger.issue("stranger", named("sparseserve"), client=True)}
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(dask_tls):
+    from distributed.security import Security
+
+    (scheduler_cert, scheduler_key), (worker_cert, worker_key) = dask_tls["scheduler"], dask_tls["worker"]
+    # The cluster object itself talks to its scheduler as a client: with a worker's certificate.
+    security = Security(tls_ca_file=dask_tls["ca"], tls_scheduler_cert=scheduler_cert,
+                        tls_scheduler_key=scheduler_key, tls_worker_cert=worker_cert, tls_worker_key=worker_key,
+                        tls_client_cert=worker_cert, tls_client_key=worker_key, require_encryption=True)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, protocol="tls",
+                      security=security, silence_logs=logging.CRITICAL, memory_limit="1GiB") as c:
+        assert c.scheduler_address.startswith("tls://")
+        yield c
+
+
+def tls_flags(dask_tls, who: str = "replica") -> list[str]:
+    cert, key = dask_tls[who]
+    return ["--dask-tls-ca", dask_tls["ca"], "--dask-tls-cert", cert, "--dask-tls-key", key]
+
+
+def test_replicas_speak_tls_to_the_dask_cluster(tls_cluster, dask_tls):
+    """Over tls:// with the replica's certificate: two replicas share a partitioned handle whose
+    blocks live on TLS-only workers, with exact answers over both wires."""
+    flags = ("--dask-scheduler", tls_cluster.scheduler_address, *tls_flags(dask_tls))
+    first, second = ServerProcess(*flags), ServerProcess(*flags)
+    try:
+        with make_client(first, "grpc") as grpc_client, make_client(second, "rest-json") as rest_client:
+            handle = grpc_client.put(A, partitions=2)
+            v = np.arange(40.0)
+            np.testing.assert_array_equal(rest_client.matmul(handle, v), A.to_dense() @ v)
+            np.testing.assert_array_equal(rest_client.reduce_sum(handle, axis=[0]), A.to_dense().sum(axis=0))
+            assert_eq(rest_client.get(handle), SparseTensor(indices=A.indices, values=A.values,
+                                                            dense_shape=A.dense_shape), **SAME)
+            rest_client.delete(handle)
+            with pytest.raises(NotFoundError):
+                grpc_client.get(handle)
+    finally:
+        assert first.stop() == 0, first.log()
+        assert second.stop() == 0, second.log()
+
+
+@pytest.mark.parametrize("case", ["another-ca", "plaintext"])
+def test_a_replica_the_tls_cluster_does_not_trust_stops_at_start(tls_cluster, dask_tls, case):
+    address = tls_cluster.scheduler_address
+    flags = (["--dask-scheduler", address, *tls_flags(dask_tls, "stranger")] if case == "another-ca" else
+             ["--dask-scheduler", address.replace("tls://", "tcp://")])
+    with pytest.raises(RuntimeError, match="cannot reach the Dask scheduler") as err:
+        ServerProcess(*flags, timeout=120)
+    assert f"--dask-scheduler {flags[1]}" in str(err.value)
+
+
+def test_dask_tls_flags_go_together_with_a_tls_scheduler(dask_tls, capsys):
+    from sparseserve.server.config import config_from_args
+
+    cert, key = dask_tls["replica"]
+    cases = [
+        (tls_flags(dask_tls), "give --dask-scheduler too"),
+        (["--dask-scheduler", "tls://127.0.0.1:8786"], "speaks TLS: give --dask-tls-ca"),
+        (["--dask-scheduler", "tcp://127.0.0.1:8786", *tls_flags(dask_tls)], "is not a tls:// address"),
+        (["--dask-scheduler", "tls://127.0.0.1:8786", "--dask-tls-cert", cert, "--dask-tls-key", key],
+         "need --dask-tls-ca too"),
+        (["--dask-scheduler", "tls://127.0.0.1:8786", "--dask-tls-ca", dask_tls["ca"], "--dask-tls-cert", cert,
+          "--dask-tls-key", dask_tls["stranger"][1]], "certificate and its key"),
+    ]
+    for argv, words in cases:
+        with pytest.raises(SystemExit):
+            config_from_args(argv)
+        assert words in capsys.readouterr().err, argv
+    config = config_from_args(["--dask-scheduler", "tls://127.0.0.1:8786", *tls_flags(dask_tls)])
+    assert (config.dask_tls_ca, config.dask_tls_cert, config.dask_tls_key) == (dask_tls["ca"], cert, key)
 
 
 def test_readme_example_prints_what_it_says(cluster):
