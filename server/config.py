@@ -27,6 +27,9 @@ class ServerConfig:
     store_bytes: int = 4 * GiB
     store_ttl: float = 3600.0
     tenant_store_bytes: int = 0  # 0: tenants share --store-bytes
+    spill_dir: str | None = None  # None: an evicted handle is gone (NOT_FOUND, reason EVICTED)
+    spill_bytes: int = 16 * GiB
+    durable: bool = False  # with spill_dir: every kept tensor written through, restored at start
     buffer_pool_bytes: int = 1 * GiB  # 0: every upload buffer is fresh
     max_nnz: int = (1 << 31) - 1
     max_rank: int = 32
@@ -82,6 +85,12 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "store_ttl": (float, "seconds an unused handle lives"),
     "tenant_store_bytes": (int, "byte budget of one tenant's handles; a tenant over it loses its own least "
                                 "recently used first (0: tenants share --store-bytes)"),
+    "spill_dir": (str, "directory of the store's disk tier: an evicted handle's tensor is written there and "
+                       "the handle stays valid (unset: an evicted handle is gone, NOT_FOUND with reason EVICTED)"),
+    "spill_bytes": (int, "byte budget of the files in --spill-dir; past it the least recently used spilled "
+                         "handles go for good"),
+    "durable": (bool, "with --spill-dir: every put and kept result is written there (fsynced) before it is "
+                      "answered, and a server restarted on the directory serves the same handles"),
     "buffer_pool_bytes": (int, "bytes of freed upload buffers (4 MiB and up) kept for the next uploads "
                                "instead of handed back to the kernel; one unused for 30 s is let go (0: "
                                "off)"),
@@ -175,7 +184,8 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     if not 0 < ns.max_request_bytes <= MAX_REQUEST_BYTES_LIMIT:
         parser.error(f"--max-request-bytes must be between 1 and {MAX_REQUEST_BYTES_LIMIT} (gRPC's "
                      f"message limit); larger tensors go up with put, which streams them")
-    for name in ("max_result_bytes", "store_bytes", "max_nnz", "max_rank", "max_json_depth", "max_batch"):
+    for name in ("max_result_bytes", "store_bytes", "spill_bytes", "max_nnz", "max_rank", "max_json_depth",
+                 "max_batch"):
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("tenant_store_bytes", "buffer_pool_bytes", "max_concurrency", "max_queue", "workers",
@@ -183,6 +193,9 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
                  "tenant_dask_store_bytes"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
+    if ns.durable and not ns.spill_dir:
+        parser.error(f"--durable needs --spill-dir (or {env_name('spill_dir')}): durable handles are written "
+                     "to files in that directory")
     _check_tls(parser, ns)
     _check_client_ca(parser, ns)
     _check_dask_tls(parser, ns)

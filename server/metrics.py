@@ -75,7 +75,7 @@ current: ContextVar[RequestInfo | None] = ContextVar("sparseserve_request", defa
 class Observed(Protocol):
     """What the gauges read of the service (``service.Service``)."""
 
-    store: Any  # stats() -> (handles, bytes)
+    store: Any  # stats() and spill_stats() -> (handles, bytes); spilled, dropped: counts
     buffers: Any  # free_bytes, reused, allocated
     running: int
     queued: int
@@ -91,6 +91,18 @@ class _ServiceCollector:
         handles, nbytes = self.service.store.stats()
         yield GaugeMetricFamily("sparseserve_store_bytes", "Bytes held by the handle store", value=nbytes)
         yield GaugeMetricFamily("sparseserve_store_handles", "Tensors held by the handle store", value=handles)
+        store = self.service.store
+        files, file_bytes = store.spill_stats()
+        yield GaugeMetricFamily("sparseserve_spill_bytes", "Bytes of the handle store's files in --spill-dir",
+                                value=file_bytes)
+        yield GaugeMetricFamily("sparseserve_spill_handles", "Handles with a file in --spill-dir", value=files)
+        yield CounterMetricFamily("sparseserve_store_spilled", "Handles evicted from memory to --spill-dir "
+                                  "(they stay valid)", value=store.spilled)
+        dropped = CounterMetricFamily("sparseserve_store_dropped", "Handles the store let go without a delete, "
+                                      "by the reason their next use is told", labels=["reason"])
+        for reason, count in store.dropped.items():
+            dropped.add_metric([reason], count)
+        yield dropped
         yield GaugeMetricFamily("sparseserve_in_flight_requests",
                                 "Calls running in the kernel pool now, counted against --max-concurrency",
                                 value=self.service.running)

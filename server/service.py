@@ -31,7 +31,8 @@ from .pipeline import plan_pipeline, run_steps
 from .registry import Registry
 from .shm import SharedSegments
 from .sizes import INLINE_BYTES, arguments_nbytes, tensor_nbytes
-from .store import HandleStore
+from .spill import SpillDir, SpillDirError, Staging, file_bytes
+from .store import HandleStore, new_handle
 
 if TYPE_CHECKING:  # Dask is an optional extra: imported only with --dask-scheduler
     from .cluster import Cluster
@@ -71,8 +72,15 @@ class Service:
         self.backend: ArrayBackend | None = (resolve_backend(config.device) if isinstance(backend, str)
                                              else backend)
         self.device = self.backend.name if self.backend is not None else "cpu"
+        spill = None
+        if config.spill_dir:
+            try:
+                spill = SpillDir(config.spill_dir, config.spill_bytes, config.durable, to_host=self._on_host)
+            except SpillDirError as exc:
+                raise SystemExit(str(exc)) from None
         self.store = HandleStore(config.store_bytes, config.store_ttl,
-                                 tenant_budget_bytes=config.tenant_store_bytes)
+                                 tenant_budget_bytes=config.tenant_store_bytes, spill=spill,
+                                 check=self._checked_from_disk)
         self.buffers = BufferPool(config.buffer_pool_bytes)
         self.tokens = config.tokens()
         self.executor = ThreadPoolExecutor(max_workers=config.workers or os.cpu_count() or 1,
@@ -203,6 +211,7 @@ class Service:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
         if self._shared is not None:
             self._shared.close()
         if self.cluster is not None:
@@ -328,7 +337,38 @@ class Service:
                 return await self.run(self._dask().put, self._on_host(value), tenant, parts)
             if partitions:
                 raise not_partitionable(why)
-        return self.store.put(self._on_device(value), tenant)
+        return await self._keep(value, tenant)
+
+    async def _keep(self, value: Any, tenant: str) -> tuple[str, int]:
+        """Keep a tensor in this process's store. With --durable its file is written first, in the
+        kernel pool: the put is answered once the file is on disk, and one abandoned on the way (its
+        deadline, a refusal) leaves no file. With a disk tier, the evictions a put causes are on
+        disk before it is answered, so that clients cannot outrun the disk."""
+        store = self.store
+        if store.spill is None:
+            return store.put(self._on_device(value), tenant)
+        handle, written, staging = new_handle(), 0, Staging()
+        try:
+            if store.spill.durable:
+                store.admit(tensor_nbytes(value), tenant, file_bytes(handle, tenant, value))
+                written = await self.run(store.spill.write, handle, tenant, value, True, staging)
+            kept = store.put(self._on_device(value), tenant, handle=handle, written=written)
+        except BaseException:
+            staging.abandon()
+            raise
+        if store.pending:
+            await asyncio.wrap_future(store.flush())
+        return kept
+
+    def _checked_from_disk(self, tensor: Any) -> Any:
+        """A tensor mapped back from the disk tier, validated as a put validates it."""
+        check_tensor_limits(tensor, "tensor", self.config)
+        return checked(tensor, "tensor")
+
+    async def _held(self, handle: str, tenant: str) -> Any:
+        """A tensor of this process's store; one on disk is mapped back and checked in the kernel pool."""
+        tensor = self.store.get(handle, tenant, load=False)
+        return tensor if tensor is not None else await self.run(self.store.get, handle, tenant)
 
     def _dask(self) -> Cluster:
         """The Dask cluster, where a call has found partitioned tensors (so there is one)."""
@@ -350,9 +390,9 @@ class Service:
     async def _resolve(self, value: Any, tenant: str) -> Any:
         if isinstance(value, HandleRef):
             try:
-                return self.store.get(value.handle, tenant)
-            except NotFoundError:
-                if self.cluster is None:
+                return await self._held(value.handle, tenant)
+            except NotFoundError as exc:
+                if self.cluster is None or exc.reason != "UNKNOWN_HANDLE":  # EVICTED, say: one of ours
                     raise
                 return await self.run(self.cluster.lookup, value.handle, tenant)
         if isinstance(value, list):
@@ -375,17 +415,17 @@ class Service:
 
     async def get(self, handle: str, tenant: str) -> Any:
         try:
-            return self._on_host(self.store.get(handle, tenant))
-        except NotFoundError:
-            if self.cluster is None:
+            return self._on_host(await self._held(handle, tenant))
+        except NotFoundError as exc:
+            if self.cluster is None or exc.reason != "UNKNOWN_HANDLE":
                 raise
         return await self.run(self.cluster.get, handle, tenant, self.config.max_result_bytes)
 
     async def delete(self, handle: str, tenant: str) -> None:
         try:
             self.store.delete(handle, tenant)
-        except NotFoundError:
-            if self.cluster is None:
+        except NotFoundError as exc:
+            if self.cluster is None or exc.reason != "UNKNOWN_HANDLE":
                 raise
             await self.run(self.cluster.delete, handle, tenant)
 
