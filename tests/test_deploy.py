@@ -31,7 +31,11 @@ against Dask's own code: their command lines parse with the click commands ``das
 scheduler`` and ``dask worker`` run, the replicas' ``--dask-scheduler`` is the scheduler's
 address and port, probes and health checks hit ports the commands listen on and routes
 Dask serves, ``--memory-limit`` fits the container, and the workers' preStop hook is run
-against a real scheduler.
+against a real scheduler. Every Dask connection is TLS: the scheduler listens on ``tls://``
+only, each side's ``--tls-*`` files (and the replicas' ``--dask-tls-*``) are the CA and its
+own pair of the Dask Secret's (compose: its own secrets), no pod gets another side's key, Dask
+is told to refuse plaintext, and the preStop hook and the replicas' own ``Cluster`` connect to
+a TLS scheduler built from the manifests' command lines, with certificates made here.
 """
 
 from __future__ import annotations
@@ -74,11 +78,14 @@ def effective_config(env: dict[str, str], argv: list[str] = ()) -> object:
         return build_parser().parse_args(list(argv))
 
 
-def checked_config(env: dict[str, str], argv: list[str] = ()) -> ServerConfig:
-    """``effective_config`` through ``config_from_args``, so its range checks run too (TLS
-    files, which are not here, left out)."""
+def checked_config(env: dict[str, str], argv: list[str] = (), files: dict[str, str] | None = None) -> ServerConfig:
+    """``effective_config`` through ``config_from_args``, so its range checks run too: a path
+    that ``files`` maps (where a container sees a file -> a real one here) is replaced by it, so
+    the file checks run on real certificates; the server's TLS files, which are not here, are
+    left out."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SPARSESERVE_")}
-    env = {k: v for k, v in env.items() if k not in (env_name("tls_cert"), env_name("tls_key"))}
+    env = {k: (files or {}).get(v, v) for k, v in env.items()
+           if k not in (env_name("tls_cert"), env_name("tls_key"))}
     with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
         return config_from_args(list(argv))
 
@@ -376,16 +383,20 @@ def selects(selector: dict, doc: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def dask_command(argv: list[str]) -> tuple[str, dict]:
+def dask_command(argv: list[str], files: dict[str, str] | None = None) -> tuple[str, dict]:
     """``dask scheduler|worker ...`` parsed by the click command that ``dask`` itself runs for
-    it (entry point group ``dask_cli``): an unknown option or a bad value fails here as there."""
+    it (entry point group ``dask_cli``): an unknown option or a bad value fails here as there.
+    Its --tls-* files must exist: ``files`` maps the paths the container sees to real ones here
+    (and the parameters name the container's paths again)."""
     from importlib.metadata import entry_points
 
+    files = files or {}
     assert argv[0] == "dask", argv
     (entry,) = entry_points(group="dask_cli", name=argv[1])
-    params = entry.load().make_context(f"dask {argv[1]}", list(argv[2:])).params
+    params = entry.load().make_context(f"dask {argv[1]}", [files.get(a, a) for a in argv[2:]]).params
     assert params["preload_argv"] == (), f"dask {argv[1]}: {params['preload_argv']} left over"
-    return argv[1], params
+    back = {real: path for path, real in files.items()}
+    return argv[1], {k: back.get(v, v) if isinstance(v, str) else v for k, v in params.items()}
 
 
 def listen_port(address) -> int:
@@ -415,12 +426,68 @@ def dask_http_routes(which: str) -> set[str]:
     return paths
 
 
-def k8s_dask(doc: dict) -> tuple[dict, str, dict]:
-    """A Dask pod's container and its command, expanded and parsed."""
+def k8s_dask(doc: dict, certs: dict[str, str]) -> tuple[dict, str, dict]:
+    """A Dask pod's container and its command, expanded and parsed (``certs``: a real file for
+    each key of the Dask TLS Secret, for the files the command names)."""
     container = only_container(doc)
     argv = kubelet_expand([*container.get("command", []), *container.get("args", [])], container_env(container))
-    which, params = dask_command(argv)
+    which, params = dask_command(argv, local_files(doc, container, certs))
     return container, which, params
+
+
+# The Secret of the Dask side's TLS, and the items each side mounts from it: the CA and its own pair.
+DASK_TLS_SECRET = "sparseserve-dask-tls"
+DASK_TLS_ITEMS = {side: {"ca.crt", f"{side}.crt", f"{side}.key"} for side in ("scheduler", "worker", "replica")}
+
+
+def secret_files(doc: dict, container: dict) -> dict[str, tuple[str, str]]:
+    """The files a container sees from Secrets: path -> (Secret, key)."""
+    volumes = {v["name"]: v["secret"] for v in pod_spec(doc)["volumes"] if "secret" in v}
+    files = {}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes.get(mount["name"])
+        if secret is None:
+            continue
+        assert mount.get("readOnly") is True, f"{mount['name']}: a Secret is mounted read-only"
+        for item in secret.get("items", []):
+            files[f"{mount['mountPath']}/{item['path']}"] = (secret["secretName"], item["key"])
+    return files
+
+
+@pytest.fixture(scope="module")
+def dask_certs(tmp_path_factory) -> dict[str, str]:
+    """Real files for the Dask Secret's keys: a CA, and a pair for each side signed by it (the
+    scheduler's and the workers' for both ends of a connection)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from test_tls import Authority
+
+    directory = tmp_path_factory.mktemp("dask-tls")
+    authority = Authority(directory, "dask")
+    files = {"ca.crt": str(authority.path)}
+    for side in ("scheduler", "worker", "replica"):
+        cert, key = authority.issue(side, [x509.NameAttribute(NameOID.COMMON_NAME, f"dask {side}")],
+                                    server=side != "replica", client=True)
+        files[f"{side}.crt"], files[f"{side}.key"] = cert, key
+    return files
+
+
+def dask_tls_files(side: str, seen: dict[str, tuple[str, str]], params: dict) -> tuple[str, str, str]:
+    """(CA, cert, key) a Dask command's --tls-* name, each checked to be the CA or ``side``'s own
+    pair from the Dask Secret (``seen``: path -> (Secret, key), as ``secret_files``)."""
+    named = (params["tls_ca_file"], params["tls_cert"], params["tls_key"])
+    assert [seen.get(path) for path in named] == [(DASK_TLS_SECRET, key) for key in
+                                                  ("ca.crt", f"{side}.crt", f"{side}.key")], (side, named)
+    return named
+
+
+def dask_refuses_plaintext(env: dict[str, str]) -> bool:
+    """Whether this environment tells Dask to make and take no plaintext connection."""
+    import dask
+
+    config = dask.config.collect_env({k: v for k, v in env.items() if k.startswith("DASK_")})
+    return dask.config.get("distributed.comm.require-encryption", False, config=config) is True
 
 
 # Headroom a Dask worker's container keeps above --memory-limit: the nanny, which restarts the
@@ -629,13 +696,26 @@ def test_compose_environment_ports_and_health(routes):
     check_text_names((DEPLOY / "compose.yaml").read_text(), "compose.yaml")
 
 
-def test_compose_distributed_profile_meets_on_one_scheduler():
+def compose_secret_files(service: dict) -> dict[str, str]:
+    """Where a compose service sees each of its secrets -> the name of the file it is made from
+    (ca.crt, worker.key, ...; under DASK_TLS_DIR, default deploy/dask-tls)."""
+    top = json.loads(_compose_config(("distributed",)))["secrets"]
+    files = {}
+    for secret in service.get("secrets", []):
+        path = Path(top[secret["source"]]["file"])
+        assert path.parent == DEPLOY / "dask-tls", f"{secret['source']}: {path} is not in DASK_TLS_DIR's default"
+        files[secret.get("target") or f"/run/secrets/{secret['source']}"] = path.name
+    return files
+
+
+def test_compose_distributed_profile_meets_on_one_scheduler(dask_certs):
     services = compose_services("distributed")
     parsed = {}
     for name in sorted(COMPOSE_DASK):
         service = services[name]
         assert service.get("entrypoint") == ["dask"], f"{name}: not the image's `sparseserve serve`"
-        which, params = dask_command([*service["entrypoint"], *service["command"]])
+        files = {path: dask_certs[key] for path, key in compose_secret_files(service).items()}
+        which, params = dask_command([*service["entrypoint"], *service["command"]], files)
         assert which == name.removeprefix("dask-")
         parsed[which] = params
         listens = dask_listens(which, params)
@@ -645,14 +725,26 @@ def test_compose_distributed_profile_meets_on_one_scheduler():
         assert test[:2] == ["CMD", "python"] and url, test
         assert int(url.group(1)) == listens["http"] and url.group(2) in dask_http_routes(which)
         assert "ports" not in service, f"{name}: Dask's ports stay on the compose network"
-    address = f"tcp://dask-scheduler:{listen_port(parsed['scheduler']['port'])}"
+        # TLS: the CA and this side's own pair, and no other secret; plaintext refused.
+        seen = {path: (DASK_TLS_SECRET, key) for path, key in compose_secret_files(service).items()}
+        assert {key for _, key in seen.values()} == DASK_TLS_ITEMS[which]
+        dask_tls_files(which, seen, params)
+        assert dask_refuses_plaintext(service.get("environment") or {}), f"{name}: REQUIRE_ENCRYPTION"
+    assert parsed["scheduler"]["protocol"] == "tls", "the scheduler listens on tls:// only"
+    address = f"tls://dask-scheduler:{listen_port(parsed['scheduler']['port'])}"
     assert parsed["worker"]["scheduler"] == address
     assert parsed["worker"]["name"] is None, "`--scale dask-worker=N` needs names Dask makes unique"
 
     replica = services["distributed"]
     check_settings(replica["environment"], "compose service distributed")
-    config = checked_config({**cpu_dockerfile().final_env(), **replica["environment"]})
+    replica_files = compose_secret_files(replica)
+    assert set(replica_files.values()) == DASK_TLS_ITEMS["replica"]
+    config = checked_config({**cpu_dockerfile().final_env(), **replica["environment"]},
+                            files={path: dask_certs[key] for path, key in replica_files.items()})
     assert config.dask_scheduler == address
+    ns = effective_config(replica["environment"])
+    assert [replica_files[p] for p in (ns.dask_tls_ca, ns.dask_tls_cert, ns.dask_tls_key)] == \
+        ["ca.crt", "replica.crt", "replica.key"]
     for dependency in ("dask-scheduler", "dask-worker"):
         assert replica["depends_on"][dependency]["condition"] == "service_healthy"
     assert services["dask-worker"]["depends_on"]["dask-scheduler"]["condition"] == "service_healthy"
@@ -890,7 +982,13 @@ def test_services_hpa_and_pdb_select_the_workers(rendering):
         assert pdb["spec"].get("maxUnavailable", 0) >= 1 or pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
 
 
-def test_dask_scheduler_workers_and_replicas_meet(rendering):
+def local_files(doc: dict, container: dict, certs: dict[str, str]) -> dict[str, str]:
+    """Where a container sees each Dask Secret key -> the file made here for that key."""
+    return {path: certs[key] for path, (secret, key) in secret_files(doc, container).items()
+            if secret == DASK_TLS_SECRET}
+
+
+def test_dask_scheduler_workers_and_replicas_meet(rendering, dask_certs):
     from dask.utils import parse_bytes
 
     name, docs = rendering
@@ -904,13 +1002,14 @@ def test_dask_scheduler_workers_and_replicas_meet(rendering):
     assert set(dask) == {"scheduler", "worker"}
     parsed = {}
     for component, doc in dask.items():
-        container, which, params = k8s_dask(doc)
+        container, which, params = k8s_dask(doc, dask_certs)
         assert which == component
         parsed[which] = params
         listens = dask_listens(which, params)
         ports = declared_ports(container)
         assert set(ports.values()) == set(listens.values()), f"{which}: declared {ports}, listens {listens}"
-        # Probes on ports the command listens on; ready when the comm port accepts.
+        # Probes on ports the command listens on. Ready when the HTTP server it starts with its
+        # comm listener answers: a TCP probe of the TLS port would be a failed handshake each time.
         for probe_name in ("readinessProbe", "livenessProbe"):
             probe = container[probe_name]
             (kind,) = {"tcpSocket", "httpGet"} & set(probe)
@@ -920,7 +1019,7 @@ def test_dask_scheduler_workers_and_replicas_meet(rendering):
             else:
                 assert port in listens.values()
         ready = container["readinessProbe"]
-        assert ports.get(ready["tcpSocket"]["port"]) == listens["comm"], f"{which}: ready = accepts comms"
+        assert ports.get(ready["httpGet"]["port"]) == listens["http"], f"{which}: ready = serves /health"
 
     # One scheduler, replaced rather than rolled (two at once could split the workers).
     scheduler = dask["scheduler"]
@@ -929,18 +1028,20 @@ def test_dask_scheduler_workers_and_replicas_meet(rendering):
     scheduler_ports = declared_ports(only_container(scheduler))
     (port,) = [p["port"] for p in service["spec"]["ports"]
                if scheduler_ports.get(p["targetPort"], p["targetPort"]) == listen_port(parsed["scheduler"]["port"])]
-    address = f"tcp://{service['metadata']['name']}:{port}"
+    address = f"tls://{service['metadata']['name']}:{port}"
 
-    # The workers and the CPU replicas dial it.
+    # The workers and the CPU replicas dial it, over TLS.
     assert parsed["worker"]["scheduler"] == address
-    config = checked_config(container_env(server_container(replicas["sparseserve-cpu"])))
+    replica = server_container(replicas["sparseserve-cpu"])
+    config = checked_config(container_env(replica), files=local_files(replicas["sparseserve-cpu"], replica, dask_certs))
     assert config.dask_scheduler == address
 
     # The workers: a name per pod (the preStop hook retires by it), threads and numba's pool
     # per the CPU limit, --memory-limit inside the container's, spill room in the local directory.
     worker = dask["worker"]
     container = only_container(worker)
-    raw = dask_command([*container["command"], *container.get("args", [])])[1]
+    argv = [*container["command"], *container.get("args", [])]
+    raw = dask_command(argv, local_files(worker, container, dask_certs))[1]
     env_items = {item["name"]: item for item in container["env"]}
     assert raw["name"] == "$(POD_NAME)"
     assert env_items["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -960,7 +1061,7 @@ def test_dask_scheduler_workers_and_replicas_meet(rendering):
     assert worker["spec"]["replicas"] >= 2
     assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     hook = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[0] == "python" and hook[-1] == address
+    assert hook[0] == "python" and hook[3] == address
     assert pod_spec(worker)["terminationGracePeriodSeconds"] >= 60
 
     # The replicas' partitioned budgets, at the HPA's minimum, fit the workers' memory.
@@ -969,24 +1070,99 @@ def test_dask_scheduler_workers_and_replicas_meet(rendering):
     assert hpa["spec"]["minReplicas"] * config.dask_store_bytes <= worker["spec"]["replicas"] * memory
 
 
-def test_dask_worker_prestop_hands_its_blocks_to_the_others():
-    """The workers' preStop hook, run as the kubelet would (the manifest's argv, the pod's
-    POD_NAME) against a real scheduler with two workers named like pods: the blocks of the one
-    going move to the other, and a dataset published before it went still gathers."""
-    from distributed import Client, Scheduler, SpecCluster, Worker
+def test_dask_connections_are_tls_from_the_dask_secret(rendering, dask_certs):
+    """The scheduler listens on tls:// only, the workers and the replicas dial tls://, each side
+    presents its own pair of the Dask Secret and checks the others against its CA, no pod
+    mounts another side's key, Dask refuses plaintext in the Dask pods, and the replicas'
+    --dask-tls-* pass the server's own checks on real certificates."""
+    name, docs = rendering
+    if name not in WITH_DASK:
+        return
+    example = {d["metadata"]["name"]: d for d in load_yaml_docs(K8S / "secrets.example.yaml")}
+    assert set(example[DASK_TLS_SECRET]["data"]) == set().union(*DASK_TLS_ITEMS.values())
+    for side, doc in dask_deployments(docs).items():
+        container, which, params = k8s_dask(doc, dask_certs)
+        seen = secret_files(doc, container)
+        assert {key for secret, key in seen.values() if secret == DASK_TLS_SECRET} == DASK_TLS_ITEMS[side]
+        dask_tls_files(side, seen, params)
+        if which == "scheduler":
+            assert params["protocol"] == "tls", "the scheduler listens on tls:// only"
+        else:
+            assert params["scheduler"].startswith("tls://"), "workers (and their nannies) follow the scheduler's scheme"
+        assert dask_refuses_plaintext(container_env(container)), f"{side}: REQUIRE_ENCRYPTION"
+        hook = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+        if hook:  # the worker's hook dials with the worker's own pair
+            assert [seen[path] for path in hook[4:7]] == [(DASK_TLS_SECRET, k) for k in ("ca.crt", "worker.crt",
+                                                                                          "worker.key")]
+    for doc in replica_deployments(docs).values():
+        container = server_container(doc)
+        seen = secret_files(doc, container)
+        dask_keys = {key for secret, key in seen.values() if secret == DASK_TLS_SECRET}
+        env = container_env(container)
+        if doc["metadata"]["name"] != "sparseserve-cpu":  # the GPU replicas are not on Dask
+            assert not dask_keys and effective_config(env).dask_scheduler is None
+            continue
+        assert dask_keys == DASK_TLS_ITEMS["replica"]
+        config = checked_config(env, files=local_files(doc, container, dask_certs))  # real files: checks run
+        ns = effective_config(env)
+        assert [seen[path] for path in (ns.dask_tls_ca, ns.dask_tls_cert, ns.dask_tls_key)] == \
+            [(DASK_TLS_SECRET, k) for k in ("ca.crt", "replica.crt", "replica.key")]
+        assert config.dask_scheduler.startswith("tls://")
 
-    container = only_container(dask_deployments(render(K8S / "distributed"))["worker"])
-    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+
+def test_dask_worker_prestop_hands_its_blocks_to_the_others_over_tls(dask_certs):
+    """A TLS scheduler and two workers named like pods, each with the --tls-* files its manifest
+    command names (mapped to certificates made here), and a replica's own ``Cluster`` from its
+    manifest environment: the replica connects and runs a task; then the workers' preStop hook,
+    run as the kubelet would (the manifest's argv, the pod's POD_NAME), moves the blocks of the
+    one going to the other, and a dataset published before it went still gathers. A plaintext
+    client gets nothing from the scheduler."""
+    from distributed import Client, Scheduler, SpecCluster, Worker
+    from distributed.security import Security
+
+    from sparseserve.server.cluster import Cluster
+
+    docs = render(K8S / "distributed")
+    dask = dask_deployments(docs)
+    security = {}
+    for side, doc in dask.items():
+        container, _, params = k8s_dask(doc, dask_certs)
+        files = local_files(doc, container, dask_certs)
+        ca, cert, key = (files[path] for path in dask_tls_files(side, secret_files(doc, container), params))
+        security[side] = Security(tls_ca_file=ca, **{f"tls_{side}_cert": cert, f"tls_{side}_key": key},
+                                  require_encryption=dask_refuses_plaintext(container_env(container)))
+    (_, _, scheduler_params) = k8s_dask(dask["scheduler"], dask_certs)
+    worker_container = only_container(dask["worker"])
+    hook = worker_container["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[0] == "python", "the image's python (the venv leads PATH)"
-    workers = {n: {"cls": Worker, "options": {"nthreads": 1}} for n in ("pod-a", "pod-b")}
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
-    with SpecCluster(scheduler=scheduler, workers=workers) as cluster, Client(cluster) as client:
+    hook_files = [local_files(dask["worker"], worker_container, dask_certs)[path] for path in hook[4:7]]
+    replica_doc = replica_deployments(docs)["sparseserve-cpu"]
+    replica = server_container(replica_doc)
+    files = local_files(replica_doc, replica, dask_certs)
+    workers = {n: {"cls": Worker, "options": {"nthreads": 1, "security": security["worker"]}}
+               for n in ("pod-a", "pod-b")}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1",
+                                               "protocol": scheduler_params["protocol"],
+                                               "security": security["scheduler"]}}
+    own = Security(tls_ca_file=dask_certs["ca.crt"], tls_client_cert=dask_certs["replica.crt"],
+                   tls_client_key=dask_certs["replica.key"], require_encryption=True)
+    with SpecCluster(scheduler=scheduler, workers=workers, security=own) as cluster, \
+            Client(cluster.scheduler_address, security=own) as client:
+        assert cluster.scheduler_address.startswith("tls://")
+        env = {**container_env(replica), env_name("dask_scheduler"): cluster.scheduler_address}
+        replica_cluster = Cluster(checked_config(env, files=files), 60)
+        try:
+            assert replica_cluster.client.submit(sum, [1, 2, 3]).result() == 6
+        finally:
+            replica_cluster.close()
+        with pytest.raises(OSError):  # plaintext: refused
+            Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=5)
         address = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
         assert set(address) == {"pod-a", "pod-b"}
         blocks = client.scatter(list(range(8)), workers=[address["pod-a"]], hash=False)
         client.publish_dataset(handle=blocks)
         del blocks
-        done = subprocess.run([sys.executable, *hook[1:-1], cluster.scheduler_address],
+        done = subprocess.run([sys.executable, *hook[1:3], cluster.scheduler_address, *hook_files],
                               env={**os.environ, "POD_NAME": "pod-a"}, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert {w["name"] for w in client.scheduler_info()["workers"].values()} == {"pod-b"}
@@ -995,11 +1171,11 @@ def test_dask_worker_prestop_hands_its_blocks_to_the_others():
         assert client.gather(blocks) == list(range(8))
 
 
-def test_secrets_example_matches_what_the_workers_mount():
+def test_secrets_example_matches_what_the_workers_mount(rendering):
     secrets = {d["metadata"]["name"]: d for d in load_yaml_docs(K8S / "secrets.example.yaml")}
     assert secrets["sparseserve-tls"]["type"] == "kubernetes.io/tls"
     assert set(secrets["sparseserve-tls"]["data"]) == {"tls.crt", "tls.key"}
-    docs = render(K8S / "tls")
+    _, docs = rendering
     for doc in by_kind(docs, "Deployment"):
         for volume in pod_spec(doc)["volumes"]:
             secret = volume.get("secret")
