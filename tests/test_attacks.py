@@ -260,7 +260,7 @@ def test_the_store_budget_evicts_instead_of_growing(srv):
                 c.get(h)
                 kept.append(h)
             except SparseServeError as err:
-                assert (err.code, err.reason) == ("NOT_FOUND", "UNKNOWN_HANDLE")
+                assert (err.code, err.reason) == ("NOT_FOUND", "EVICTED")  # told so, not unknown
         assert kept == handles[-2:]  # her least recently used went first, down to her budget
         np.testing.assert_array_equal(bob.to_dense(bobs), G.to_dense())  # alice's puts cannot evict bob's
         with pytest.raises(SparseServeError) as info:

@@ -313,9 +313,13 @@ def test_request_totals_render_as_prometheus_families():
 
     class _Service:
         class store:
+            spilled, dropped = 0, {"evicted": 0}
+
             @staticmethod
             def stats():
                 return 0, 0
+
+            spill_stats = stats
         running = queued = 0
         buffers = BufferPool(0)
 
