@@ -107,8 +107,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "allow_shared_memory": (bool, "allow same-host transfers through POSIX shared memory (the SDK's put "
                                   "and get with shared_memory=True, for clients under the server's user); "
                                   "off, they are refused"),
-    "shm_ttl": (float, "seconds a shared-memory segment written for a client's get waits to be claimed "
-                       "before the server unlinks it"),
+    "shm_ttl": (float, "seconds a shared-memory segment (registered for a put, or written for a get) waits "
+                       "to be claimed before the server unlinks it"),
     "workers": (int, "kernel worker threads (0: one per CPU core)"),
     "log_level": (str, "debug, info, warning or error"),
     "tls_cert": (str, "PEM certificate (chain) file; with --tls-key, gRPC serves TLS and REST HTTPS only"),
