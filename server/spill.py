@@ -16,6 +16,7 @@ store then validates the tensor as a put does (``HandleStore``).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -31,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from sparseserve.core.errors import ResourceExhaustedError, SparseServeError, UnavailableError
 from sparseserve.core.tensor import SparseTensor
 
 __all__ = ["SpillDir", "SpillDirError", "Damaged", "Abandoned", "Staging", "Restored", "file_bytes"]
@@ -138,6 +140,18 @@ def _remove(path: str) -> None:
         pass
 
 
+def _disk_error(exc: OSError, doing: str) -> SparseServeError:
+    """An OSError of the disk tier as the error model has it; the message names the errno's text
+    and the flag, not the path (a tenant is told what happened, not where the files are)."""
+    what = f"{doing} in --spill-dir failed: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        err: SparseServeError = ResourceExhaustedError(
+            f"{what}; the disk is full. Delete handles, or give --spill-dir more room", reason="DISK_FULL")
+        err.http_status = 507  # Insufficient Storage: the server's disk, not the request, is too small
+        return err
+    return UnavailableError(f"{what}; retry later", reason="DISK_ERROR")
+
+
 class Staging:
     """The file of a durable put while it is written (in the kernel pool), so that a put
     abandoned at any point (its deadline, a refusal) leaves no file: the writer calls ``begin``
@@ -217,7 +231,15 @@ class SpillDir:
     def write(self, handle: str, tenant: str, tensor: Any, durable: bool = False,
               staging: Staging | None = None) -> int:
         """Write ``tensor`` as ``handle``'s file (fsynced, and its directory entry too, when
-        ``durable``); returns the file's size. ``staging``: a durable put's, which may abandon it."""
+        ``durable``); returns the file's size. ``staging``: a durable put's, which may abandon it.
+        A write that fails leaves no file, and says why in the error model: a full disk is
+        RESOURCE_EXHAUSTED (``DISK_FULL``), any other failure UNAVAILABLE (``DISK_ERROR``)."""
+        try:
+            return self._write(handle, tenant, tensor, durable, staging)
+        except OSError as exc:
+            raise _disk_error(exc, f"writing {handle}'s file") from None
+
+    def _write(self, handle: str, tenant: str, tensor: Any, durable: bool, staging: Staging | None) -> int:
         plan = _Plan(handle, tenant, tensor, durable)
         host = self._to_host(tensor)
         arrays = _arrays(host)[2]

@@ -330,8 +330,9 @@ class HandleStore:
             elif error is None:
                 self._later.append(partial(self.spill.remove, handle))
             elif current:
-                self._drop(handle, "evicted", f"it was evicted from memory and writing it to --spill-dir failed "
-                                              f"({type(error).__name__}: {error}). Put it again")
+                why = error.message if isinstance(error, SparseServeError) else f"{type(error).__name__}: {error}"
+                self._drop(handle, "evicted", f"it was evicted from memory and could not be kept on disk ({why}). "
+                                              "Put it again")
 
     def _spilled(self, handle: str, entry: _Entry) -> None:
         self.spilled += 1
