@@ -33,16 +33,29 @@ class _Uvicorn(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-class _PeerCertificate(HttpToolsProtocol):
-    """uvicorn's HTTP/1.1 protocol with the verified client certificate in each request's scope,
-    as the ASGI TLS extension has it (``scope["extensions"]["tls"]``: ``client_cert_chain``, PEM,
-    and ``client_cert_name``, the subject in RFC 4514). uvicorn (0.54) does not fill the extension
-    in, nor show the app its transport; the protocol is the one place that sees both the TLS
-    connection and the requests on it, and uvicorn takes a protocol class (``http=``). Per
+class _HttpProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol (``http=``: the one place that sees a connection's bytes, its
+    transport and the requests on it) with two things uvicorn 0.54 does not do.
+
+    A time limit on the request head (``header_timeout``, --header-timeout): uvicorn arms no
+    timer while a request's line and headers arrive, so a connection that opens and sends
+    nothing, or trickles its headers a byte at a time, is kept for ever. Here the head must be
+    complete within the limit, counted from when the connection opens (the first request) or
+    from its first byte (the next ones: between requests uvicorn's keep-alive timeout counts);
+    past it the connection is closed without an answer (there is no request to answer yet).
+    The body is the app's to time (``rest_wire``'s reads, --body-timeout).
+
+    The verified client certificate in each request's scope, as the ASGI TLS extension has it
+    (``scope["extensions"]["tls"]``: ``client_cert_chain``, PEM, and ``client_cert_name``, the
+    subject in RFC 4514), which uvicorn does not fill in, nor show the app its transport. Per
     connection: the certificate is read once, after the handshake verified it."""
+
+    header_timeout = 20.0
+    _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if not der:
@@ -59,17 +72,48 @@ class _PeerCertificate(HttpToolsProtocol):
 
         self.app = app_with_tls
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # a later request on the connection: from its first byte
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def on_headers_complete(self) -> None:
+        self._head_arrived()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_arrived()
+        super().connection_lost(exc)
+
+    def _head_arrived(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            log.info("connection closed: no request head within --header-timeout",
+                     extra={"fields": {"client": "%s:%d" % self.client if self.client else None,
+                                       "seconds": self.header_timeout}})
+            self.transport.close()
+
 
 # The ASGI TLS extension's tls_version: the protocol's number on the wire.
 _TLS_VERSIONS = {"TLSv1.2": 0x0303, "TLSv1.3": 0x0304}
 
 
+def _http_protocol(config: ServerConfig) -> type[_HttpProtocol]:
+    """The protocol class of this server's REST connections, with its --header-timeout."""
+    return type("HttpProtocol", (_HttpProtocol,), {"header_timeout": config.header_timeout})
+
+
 def _client_certificates(config: ServerConfig) -> dict:
     """uvicorn's settings for mutual TLS (--tls-client-ca): a client certificate signed by the CA
-    is required in the handshake, and the protocol that shows it to the app."""
+    is required in the handshake (the protocol shows it to the app)."""
     if not config.tls_client_ca:
         return {}
-    return {"ssl_ca_certs": config.tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED, "http": _PeerCertificate}
+    return {"ssl_ca_certs": config.tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
 
 
 def _announce(event: str, **fields) -> None:
@@ -97,7 +141,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                                    # uvicorn annotates an int, and uses it as a timeout: seconds as a float work
                                    timeout_graceful_shutdown=config.shutdown_grace,  # type: ignore[arg-type]
                                    ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
-                                   **_client_certificates(config)))
+                                   http=_http_protocol(config), **_client_certificates(config)))
     http_task = asyncio.create_task(http.serve())
     while not http.started:
         if http_task.done():  # failed to bind, say

@@ -14,19 +14,28 @@ output that is a view of an input), so a block is never handed out twice while a
 still read it. A block is pooled again only while the free blocks stay within the pool's budget,
 and a block left unused for ``idle_seconds`` is let go, so a quiet server gives its memory back.
 Nothing is promised about a taken buffer's contents; every caller overwrites what it exposes.
+
+A request that stops arriving would hold its buffer as long as its connection stays open: each
+of those three reads its parts through ``arriving``, which fails the call when a part takes
+longer than ``--body-timeout`` (and the buffer goes back as the call unwinds).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import weakref
+from typing import AsyncIterable, AsyncIterator, TypeVar
 
 import numpy as np
 
 from sparseserve.core.codec import new_buffer
+from sparseserve.core.errors import DeadlineExceededError
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "arriving"]
+
+T = TypeVar("T")
 
 MIN_POOLED_BYTES = 4 << 20  # smaller ones come from malloc's own free lists, already reused
 IDLE_SECONDS = 30.0
@@ -105,3 +114,20 @@ class BufferPool:
         while self._free and self._free[0][0] <= cutoff:
             _, old = self._free.pop(0)
             self.free_bytes -= old.size
+
+
+async def arriving(parts: AsyncIterable[T], seconds: float, what: str) -> AsyncIterator[T]:
+    """``parts`` (a request's body or stream) as they come, each within ``seconds`` of the one
+    before (``--body-timeout``): a client that stops sending, alive or not, gets
+    DEADLINE_EXCEEDED with reason BODY_TIMEOUT rather than holding what its request took."""
+    iterator = aiter(parts)
+    while True:
+        try:
+            async with asyncio.timeout(seconds):
+                part = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise DeadlineExceededError(f"no bytes of {what} arrived for {seconds:g} s (--body-timeout); the "
+                                        "call was dropped", reason="BODY_TIMEOUT") from None
+        yield part

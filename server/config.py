@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import ssl
 from dataclasses import dataclass, fields
@@ -37,6 +38,9 @@ class ServerConfig:
     max_concurrency: int = 0  # 0: one per kernel worker thread
     max_queue: int = 64
     shutdown_grace: float = 10.0
+    keepalive_seconds: float = 20.0  # gRPC: a silent peer pinged after this, dropped unanswered after as long again
+    header_timeout: float = 20.0  # REST: a connection's request head must arrive within it
+    body_timeout: float = 30.0  # both wires: each read of a request body (or stream message) must bring bytes
     batch_window_ms: float = 0.0  # 0: server-side batching off
     max_batch: int = 64
     allow_shared_memory: bool = False  # off: RegisterSegment, PutShared and GetShared are refused
@@ -101,6 +105,14 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "max_queue": (int, "calls waiting for a free --max-concurrency slot; past it, UNAVAILABLE at once"),
     "shutdown_grace": (float, "seconds in-flight requests get to finish after SIGTERM before they are "
                               "cancelled"),
+    "keepalive_seconds": (float, "gRPC: a connection silent this long is pinged, and one whose peer does not answer "
+                                 "within as long again is closed, its calls cancelled (clients may ping every 5 s, "
+                                 "or every half of this when sooner)"),
+    "header_timeout": (float, "REST: seconds a connection has to send a request's head (line and headers) from "
+                              "when it opens or its request starts; past it the connection is closed"),
+    "body_timeout": (float, "seconds each read of a request body (REST) or streamed request (gRPC Upload, "
+                            "ExecuteStream) may wait for bytes; past it the call fails with DEADLINE_EXCEEDED, "
+                            "reason BODY_TIMEOUT, and its buffer goes back"),
     "batch_window_ms": (float, "merge concurrent small calls to the same batchable op arriving within this "
                                "many milliseconds into one kernel call (0: off)"),
     "max_batch": (int, "most calls merged into one batch"),
@@ -193,6 +205,9 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
                  "tenant_dask_store_bytes"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
+    for name in ("keepalive_seconds", "header_timeout", "body_timeout"):
+        if not 0 < getattr(ns, name) < math.inf:  # NaN too
+            parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if ns.durable and not ns.spill_dir:
         parser.error(f"--durable needs --spill-dir (or {env_name('spill_dir')}): durable handles are written "
                      "to files in that directory")

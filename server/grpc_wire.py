@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 import grpc
 from grpc._cython import cygrpc
@@ -21,6 +21,7 @@ from sparseserve.core.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
+from .buffers import arriving
 from .limits import deadline_from_remaining, seconds_left
 from .metrics import Metrics, RequestInfo, count_sent, current
 from .service import Service, partitions_from_text
@@ -67,6 +68,7 @@ async def _abort(context: grpc.aio.ServicerContext, err: SparseServeError):
 
 # What abort raises when the call has already ended (grpc has no public name for it).
 _CALL_ALREADY_ENDED = getattr(cygrpc, "ExecuteBatchError", grpc.RpcError)
+E = TypeVar("E", bound=BaseException)
 
 
 def _tenant(service: Service, context: grpc.aio.ServicerContext) -> str:
@@ -182,13 +184,26 @@ def _metadata_value(context, key: str) -> str | None:
     return None
 
 
-async def _counted(frames: AsyncIterator[bytes], info: RequestInfo) -> AsyncIterator[bytes]:
-    async for frame in frames:
+async def _counted(frames: AsyncIterator[bytes], info: RequestInfo, body_timeout: float) -> AsyncIterator[bytes]:
+    """A request stream's messages, counted, each within --body-timeout of the last."""
+    async for frame in arriving(frames, body_timeout, "the request stream"):
         info.bytes_in += len(frame)
         yield frame
 
 
-def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
+def _detached(err: E) -> E:
+    """``err`` and the exceptions it was raised in the handling of, without their tracebacks.
+    grpc keeps an abort on the call's state after the call (until the server's next call), and
+    with it the error being handled; a traceback's frames would keep what the handler held, an
+    upload's buffer among them."""
+    link: BaseException | None = err
+    while link is not None:
+        link.__traceback__ = None
+        link = link.__context__
+    return err
+
+
+def _observed(metrics: Metrics, method: str, handler, streamed_request: bool, body_timeout: float):
     """``handler`` with a request id, metrics, an access line and its errors answered: one wrapper
     for every method, so that no handler has to remember them."""
     op = _METHOD_OPS.get(method, method)
@@ -197,7 +212,7 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
         info, token = metrics.begin("grpc", op, _metadata_value(context, REQUEST_ID_KEY))
         info.deadline = deadline_from_remaining(context.time_remaining())
         if streamed_request:
-            request = _counted(request, info)
+            request = _counted(request, info, body_timeout)
         else:
             info.bytes_in = len(request) if isinstance(request, bytes) else request.ByteSize()
         try:
@@ -206,7 +221,7 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
                 info.bytes_out += len(reply) if isinstance(reply, bytes) else reply.ByteSize()
             return reply
         except SparseServeError as err:
-            await _abort(context, err)
+            await _abort(context, _detached(err))
         except grpc.aio.AbortError:  # _abort recorded the code
             raise
         except asyncio.CancelledError:  # gRPC cancels the handler at the caller's deadline too
@@ -215,6 +230,7 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool):
             raise
         except Exception as exc:  # keep serving; say it was a bug
             log.exception("%s failed", method)
+            _detached(exc)
             await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
         finally:
             metrics.end(info, token)
@@ -236,7 +252,7 @@ def _add_servicer(servicer: SparseServicer, server: grpc.aio.Server) -> None:
         request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
         handlers[method.name] = make(
             _observed(servicer.service.metrics, method.name, getattr(servicer, method.name),
-                      method.client_streaming),
+                      method.client_streaming, servicer.service.config.body_timeout),
             request_deserializer=None if method.name in _RAW_REQUESTS else request.FromString,
             response_serializer=None if method.name in _RAW_RESPONSES else response.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
@@ -253,6 +269,7 @@ def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.a
         ("grpc.max_send_message_length", limit + (1 << 20)),
         ("grpc.so_reuseport", 0),
         *GRPC_WINDOW_OPTIONS,
+        *keepalive_options(service.config.keepalive_seconds),
     ]
     server = grpc.aio.server(options=options)
     _add_servicer(SparseServicer(service), server)
@@ -267,6 +284,29 @@ def create_grpc_server(service: Service) -> tuple[grpc.aio.Server, int, health.a
     else:
         port = server.add_insecure_port(address)
     return server, port, health_servicer
+
+
+# How often a client may ping a connection on which the server sends nothing: gRPC's own
+# default is every 5 minutes, and a third ping sooner is answered with GOAWAY "too_many_pings",
+# failing the calls on the connection. Here: every 5 s, or every half --keepalive-seconds when
+# that is sooner, so a client with a keepalive as short as the server's keeps its connection.
+CLIENT_PING_SECONDS = 5.0
+
+
+def keepalive_options(seconds: float) -> list[tuple[str, int]]:
+    """The server's keepalive: a connection silent for ``seconds`` is pinged, and one whose peer
+    does not acknowledge within ``seconds`` more is closed, cancelling its calls (a client whose
+    process stopped, or whose host vanished, leaving the TCP connection half open: its calls'
+    buffers go back). gRPC's defaults would wait two hours, and then a minute for the ack
+    (``ping_timeout_ms``, which bounds every ping, keepalive's too). Pings go out however long a
+    call runs without data (``max_pings_without_data`` 0: an upload from a client that stopped
+    answering sends the server nothing) and with no call in flight; clients may ping too (see
+    ``CLIENT_PING_SECONDS``)."""
+    ms = max(1, round(seconds * 1000))
+    client_ms = max(1, round(min(seconds / 2, CLIENT_PING_SECONDS) * 1000))
+    return [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms), ("grpc.http2.ping_timeout_ms", ms),
+            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", client_ms)]
 
 
 def _server_credentials(config) -> grpc.ServerCredentials:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from sparseserve.core.codec import tensor_from_bytes, tensor_pieces
 from sparseserve.core.frames import execute_request_from_bytes, outputs_to_bytes
@@ -26,6 +27,7 @@ from sparseserve.core.errors import (InternalError, InvalidArgumentError, Resour
 from sparseserve.kernels.text import json_depth
 from sparseserve.v1 import sparseserve_pb2 as pb
 
+from .buffers import arriving
 from .limits import deadline_from_timeout
 from .metrics import CONTENT_TYPE_LATEST, current
 from .registry import OpDef
@@ -59,7 +61,9 @@ def error_response(err: SparseServeError) -> JSONResponse:
         info.code = err.code
         err.request_id = info.request_id
     status = 422 if err.code == "INVALID_ARGUMENT" and err.reason in _SCHEMA_REASONS else err.http_status
-    return JSONResponse(err.to_json(), status_code=status)
+    # A body left unread: the connection cannot carry another request, so it closes.
+    headers = {"connection": "close"} if err.reason == "BODY_TIMEOUT" else None
+    return JSONResponse(err.to_json(), status_code=status, headers=headers)
 
 
 _REQUEST_ID_HEADER = REQUEST_ID_KEY.encode()
@@ -126,6 +130,8 @@ class _Observe:
                 except SparseServeError as err:
                     return await error_response(err)(scope, receive, observed_send)
             await self.app(scope, counted_receive, observed_send)
+        except ClientDisconnect:  # the client went away mid-body: nobody to answer, as gRPC's CANCELLED
+            info.code = "CANCELLED"
         except Exception as exc:
             if started:
                 info.code = "INTERNAL"
@@ -170,25 +176,27 @@ async def _read_body(request: Request, service: Service) -> bytes | memoryview:
                                      "bytes (--max-request-bytes)", reason="REQUEST_TOO_LARGE")
     too_large = ResourceExhaustedError(f"the request body is over the limit of {limit} bytes "
                                        "(--max-request-bytes)", reason="REQUEST_TOO_LARGE")
+    # Each read brings bytes within --body-timeout, or the call fails and what it took goes back.
+    parts = arriving(request.stream(), service.config.body_timeout, "the request body")
     if declared is not None and declared.isdigit():
         # The size is known: one buffer (from the pool, or numpy's with huge pages), each
         # part copied once to its place.
         body = service.buffers.take(int(declared))
         filled = 0
-        async for part in request.stream():
+        async for part in parts:
             if filled + len(part) > body.size:
                 raise InvalidArgumentError("the request body is longer than its Content-Length",
                                            reason="BAD_BODY")
             body[filled:filled + len(part)] = np.frombuffer(part, np.uint8)
             filled += len(part)
         return memoryview(body.data)[:filled]
-    parts, size = [], 0
-    async for part in request.stream():
-        parts.append(part)
+    pieces, size = [], 0
+    async for part in parts:
+        pieces.append(part)
         size += len(part)
         if size > limit:
             raise too_large
-    return b"".join(parts)
+    return b"".join(pieces)
 
 
 def _parse_json(body: bytes | memoryview, max_depth: int) -> Any:
