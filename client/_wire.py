@@ -52,10 +52,13 @@ def grpc_error(exc: grpc.RpcError, request_id: str | None = None) -> SparseServe
 
 
 def _core_reason(code: grpc.StatusCode, details: str) -> str | None:
-    """gRPC refuses a message over its size limit itself, before the server's handler (or the
-    SDK) sees it, so no reason comes with it; its details say which side refused."""
+    """The reason of an error gRPC made itself, where the server's handler sent none: a message
+    over its size limit (the details say which side refused), or a connection lost or never
+    made (UNAVAILABLE without our trailer: CONNECTION, as the REST transport says)."""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
         return "REQUEST_TOO_LARGE" if details.startswith("SERVER:") else "RESPONSE_TOO_LARGE"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "CONNECTION"
     return None
 
 

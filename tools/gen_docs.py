@@ -29,7 +29,7 @@ CATALOGUE = ROOT / "docs" / "ops.md"
 CONTRACT = ROOT / "docs" / "contract.md"
 # HTTP statuses a code takes besides its class's own.
 _HTTP_NOTES = {"INVALID_ARGUMENT": "400 (422: a body the schema refuses)",
-               "RESOURCE_EXHAUSTED": "413 (429: a tenant's quota)"}
+               "RESOURCE_EXHAUSTED": "413 (429: a tenant's quota; 507: the disk tier full)"}
 # Where the errors raised come from: the SDK, the core and the server.
 RAISING = ("client", "server")
 
