@@ -136,13 +136,13 @@ def one_call(tenant: str, k: int, i: int, c: Client, hostile: dict[str, Client],
         try:
             np.testing.assert_array_equal(c.to_dense(h, validate_indices=False), dense_of(t))
             back = c.get(h)
+            assert np.array_equal(back.indices, t.indices) and np.array_equal(back.values, t.values)
+            ledger.got(tenant, back.values)
+            c.delete(h)  # the flood may push it out between the get and here too
         except NotFoundError as err:  # only the flooding tenant's own handles are pushed out
             assert evictable and err.reason == "EVICTED", err
             ledger.count("evicted (own)")
             return
-        assert np.array_equal(back.indices, t.indices) and np.array_equal(back.values, t.values)
-        ledger.got(tenant, back.values)
-        c.delete(h)
         expect(NotFoundError, "UNKNOWN_HANDLE", c.get, h)
         ledger.count("put/use/get/delete")
     elif kind == 1:  # a handle another client of the same tenant made, maybe on another wire
