@@ -144,10 +144,11 @@ class Cluster:
         except UnavailableError as exc:
             raise SystemExit(f"--dask-scheduler {config.dask_scheduler}: {exc.message}") from None
         budget = config.dask_store_bytes or self.workers_memory() or (1 << 62)
+        self._blocks: dict[str, int] = {}  # handle -> its blocks, of those in self.store (for /metrics)
         # Each tenant's partitioned tensors made here, as --tenant-store-bytes does for the local
         # store: a tenant over it makes room from its own, least recently used first.
         self.store = HandleStore(budget, store_ttl, tenant_budget_bytes=config.tenant_dask_store_bytes,
-                                 on_drop=self._unpublish_later,
+                                 on_drop=self._dropped,
                                  limit="the partitioned tensors' budget (--dask-store-bytes)")
         self._unpublish: queue.SimpleQueue[str] = queue.SimpleQueue()
         threading.Thread(target=self._unpublisher, name="sparseserve-unpublish", daemon=True).start()
@@ -215,12 +216,19 @@ class Cluster:
                   "meta": dt.meta, "blocks": dt.blocks}
         with _dask_errors("publishing a partitioned tensor"):
             self.client.publish_dataset(record, name=handle)
+        self._blocks[handle] = len(dt.blocks)
         try:
             self.store.put(_Stub(dt.nbytes), tenant, handle=handle)
         except SparseServeError:
+            self._blocks.pop(handle, None)
             self._unpublish_now(handle)
             raise
         return handle, dt.nbytes
+
+    def stats(self) -> tuple[int, int, int]:
+        """(handles, bytes, blocks) of the partitioned tensors made here and held now."""
+        handles, nbytes = self.store.stats()
+        return handles, nbytes, sum(self._blocks.copy().values())  # a copy: a drop may come meanwhile
 
     def _check_budgets(self, nbytes: int) -> None:
         """A partitioned tensor bigger than the whole budget (STORE_BUDGET) or than one tenant's
@@ -267,7 +275,8 @@ class Cluster:
             raise part.too_big_to_gather(what, dt.nbytes, limit)
         return part.join_rows(self._results(dt.blocks), dt.bounds)
 
-    def _unpublish_later(self, handle: str) -> None:
+    def _dropped(self, handle: str) -> None:
+        self._blocks.pop(handle, None)
         self._unpublish.put(handle)  # called under the store's lock: no network there
 
     def _unpublisher(self) -> None:

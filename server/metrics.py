@@ -76,6 +76,7 @@ class Observed(Protocol):
     """What the gauges read of the service (``service.Service``)."""
 
     store: Any  # stats() and spill_stats() -> (handles, bytes); spilled, dropped: counts
+    # cluster, only with --dask-scheduler (so read with getattr): stats() -> (handles, bytes, blocks)
     buffers: Any  # free_bytes, reused, allocated
     running: int
     queued: int
@@ -119,6 +120,15 @@ class _ServiceCollector:
         takes.add_metric(["reused"], buffers.reused)
         takes.add_metric(["allocated"], buffers.allocated)
         yield takes
+        cluster = getattr(self.service, "cluster", None)
+        if cluster is not None:  # --dask-scheduler: the partitioned tensors this replica made
+            handles, nbytes, blocks = cluster.stats()
+            yield GaugeMetricFamily("sparseserve_partitioned_handles", "Partitioned tensors this replica made, "
+                                    "held on the Dask workers (counted against --dask-store-bytes)", value=handles)
+            yield GaugeMetricFamily("sparseserve_partitioned_bytes", "Bytes of the partitioned tensors this "
+                                    "replica made (against --dask-store-bytes)", value=nbytes)
+            yield GaugeMetricFamily("sparseserve_partitioned_blocks", "Row blocks of the partitioned tensors "
+                                    "this replica made, on the Dask workers", value=blocks)
 
 
 # A row of ``_RequestTotals``: these, then one count per latency bucket.
