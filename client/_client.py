@@ -21,6 +21,7 @@ import numpy as np
 
 from ._ops import AsyncClientOps, ClientOps
 from ._pipeline import Pipeline
+from ._progress import Progress, reporter
 from ._remote import RemoteTensor
 from ._transport import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_ABOVE_BYTES, AsyncTransport, Outputs, Settings,
                          Stored, Transport)
@@ -53,6 +54,20 @@ def _check_put_options(shared_memory: bool, partitions: int) -> None:
     if shared_memory and partitions:
         raise ValueError("put: partitions goes over the network to the Dask workers; "
                          "leave shared_memory off")
+
+
+def _finished(moved: Any, progress: Progress | None) -> Any:
+    """What a shared-memory put or get returned (``Stored``, or the tensor): one copy on this
+    host, so its progress is complete at once."""
+    if progress is not None:
+        progress.finish(int(moved.nbytes))
+    return moved
+
+
+def _counting(progress: Progress | None) -> tuple:
+    """A transport's put or get arguments after the first: none more when nothing is counted,
+    so a transport that takes no progress (a test's recording one) is called as ever."""
+    return () if progress is None else (progress,)
 
 
 def _handle_of(h: HandleRef | str) -> str:
@@ -236,22 +251,27 @@ class Client(_Base, ClientOps):
         return self._method(op, lambda *a, keep=False, request_id=None, **k:
                             self.call(name, *a, keep=keep, request_id=request_id, **k))
 
-    def put(self, tensor: Any, *, shared_memory: bool = False, partitions: int = 0) -> RemoteTensor:
+    def put(self, tensor: Any, *, shared_memory: bool = False, partitions: int = 0,
+            progress: Any = None) -> RemoteTensor:
         """Keep a tensor on the server (any size: gRPC streams it in chunks). ``shared_memory``:
         hand it over through a shared-memory segment (gRPC, server on this host).
         ``partitions``: cut it into that many row blocks held by the Dask workers of a server
-        started with --dask-scheduler; the handle is used like any other."""
+        started with --dask-scheduler; the handle is used like any other. ``progress``: True
+        draws a tqdm bar, a callable is called as ``progress(done_bytes, total_bytes)`` as the
+        bytes go (``sparseserve._progress``)."""
         tensor = as_tensor(tensor)
         _check_put_options(shared_memory, partitions)
-        if shared_memory:
-            return self._remote(self._transport.put_shared(tensor))
-        return self._remote(self._transport.put(tensor, partitions))
+        with reporter(progress, "put") as counted:
+            if shared_memory:
+                return self._remote(_finished(self._transport.put_shared(tensor), counted))
+            return self._remote(self._transport.put(tensor, partitions, *_counting(counted)))
 
-    def get(self, handle: HandleRef | str, *, shared_memory: bool = False) -> Any:
-        """Fetch a kept tensor (``shared_memory``: through a segment, as ``put``)."""
-        if shared_memory:
-            return self._transport.get_shared(_handle_of(handle))
-        return self._transport.get(_handle_of(handle))
+    def get(self, handle: HandleRef | str, *, shared_memory: bool = False, progress: Any = None) -> Any:
+        """Fetch a kept tensor (``shared_memory``: through a segment, and ``progress`` as ``put``)."""
+        with reporter(progress, "get") as counted:
+            if shared_memory:
+                return _finished(self._transport.get_shared(_handle_of(handle)), counted)
+            return self._transport.get(_handle_of(handle), *_counting(counted))
 
     def delete(self, handle: HandleRef | str) -> None:
         """Free a kept tensor."""
@@ -305,17 +325,20 @@ class AsyncClient(_Base, AsyncClientOps):
 
         return self._method(op, method)
 
-    async def put(self, tensor: Any, *, shared_memory: bool = False, partitions: int = 0) -> RemoteTensor:
+    async def put(self, tensor: Any, *, shared_memory: bool = False, partitions: int = 0,
+                  progress: Any = None) -> RemoteTensor:
         tensor = as_tensor(tensor)
         _check_put_options(shared_memory, partitions)
-        if shared_memory:
-            return self._remote(await self._transport.put_shared(tensor))
-        return self._remote(await self._transport.put(tensor, partitions))
+        with reporter(progress, "put") as counted:
+            if shared_memory:
+                return self._remote(_finished(await self._transport.put_shared(tensor), counted))
+            return self._remote(await self._transport.put(tensor, partitions, *_counting(counted)))
 
-    async def get(self, handle: HandleRef | str, *, shared_memory: bool = False) -> Any:
-        if shared_memory:
-            return await self._transport.get_shared(_handle_of(handle))
-        return await self._transport.get(_handle_of(handle))
+    async def get(self, handle: HandleRef | str, *, shared_memory: bool = False, progress: Any = None) -> Any:
+        with reporter(progress, "get") as counted:
+            if shared_memory:
+                return _finished(await self._transport.get_shared(_handle_of(handle)), counted)
+            return await self._transport.get(_handle_of(handle), *_counting(counted))
 
     async def delete(self, handle: HandleRef | str) -> None:
         await self._transport.delete(_handle_of(handle))

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._progress import Progress
 from .core.jsoncodec import loads
 
 __all__ = ["Connections", "Reply", "TRANSPORT_ERRORS", "IDEMPOTENT_METHODS", "direct_route"]
@@ -46,6 +47,8 @@ TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 # Bodies from this size on are read into one 16-byte-aligned buffer, as protobuf decoding wants
 # them to use arrays in place; smaller ones in one read() (fewer calls; they are copied anyway).
 _BUFFER_BODY_BYTES = 64 << 10
+# How much of a body one read takes when its progress is counted.
+_PROGRESS_READ_BYTES = 1 << 20
 # Idle connections kept per client (httpx keeps 20 too); more concurrent callers than that
 # close theirs when done.
 _MAX_IDLE = 20
@@ -99,9 +102,11 @@ class Connections:
         self._closed = False
 
     def request(self, method: str, path: str, *, content: bytes | Sequence | None = None,
-                headers: dict[str, str] | None = None, params: dict[str, str] | None = None) -> Reply:
+                headers: dict[str, str] | None = None, params: dict[str, str] | None = None,
+                progress: Progress | None = None) -> Reply:
         """One exchange. ``content``: bytes, or a sequence of byte pieces sent in turn (the
-        caller sets their Content-Length). Raises one of ``TRANSPORT_ERRORS`` when it fails."""
+        caller sets their Content-Length); ``progress`` counts the body of a successful reply as
+        it is read. Raises one of ``TRANSPORT_ERRORS`` when it fails."""
         url = request_url(self._prefix, path, params)
         headers = {**self._headers, **headers} if headers else self._headers
         conn, reused = self._take()
@@ -114,7 +119,8 @@ class Connections:
                 self._done(conn, keep=False)
                 conn = self._opened()
                 response = _exchange(conn, method, url, content, headers)
-            reply = Reply(response.status, response.headers, _read_body(response))
+            reply = Reply(response.status, response.headers,
+                          _read_body(response, progress if response.status < 400 else None))
         except BaseException:
             self._done(conn, keep=False)
             raise
@@ -223,17 +229,24 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
     return not select.select([conn.sock], [], [], 0)[0]
 
 
-def _read_body(response: http.client.HTTPResponse) -> bytes | memoryview:
+def _read_body(response: http.client.HTTPResponse, progress: Progress | None = None) -> bytes | memoryview:
     """The whole body: one read(), or for a big one of announced length ``recv_into`` one
-    aligned buffer (a cut body raises IncompleteRead)."""
+    aligned buffer (a cut body raises IncompleteRead); counted on ``progress`` as it comes."""
     length = response.length  # None when chunked or read to the close
     if length is None or length < _BUFFER_BODY_BYTES:
         return response.read()
+    # One readinto() fills the whole buffer; with progress, 1 MiB a call, so it can be counted.
+    step = length
+    if progress is not None:
+        progress.expect(length)
+        step = _PROGRESS_READ_BYTES
     body = np.empty(length, np.uint8).data
     filled = 0
     while filled < length:
-        n = response.readinto(body[filled:])
+        n = response.readinto(body[filled:filled + step])
         if not n:
             raise http.client.IncompleteRead(bytes(0), length - filled)
         filled += n
+        if progress is not None:
+            progress.to(filled)
     return body

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
+from ._progress import Progress
 from .core.codec import DEFAULT_CHUNK_BYTES
 from .core.errors import UnimplementedError
 from .core.tensor import SparseTensor
@@ -151,12 +152,13 @@ class Transport(ABC):
         """Run the steps in one request; the outputs named (none: the last step's)."""
 
     @abstractmethod
-    def put(self, tensor: Tensor, partitions: int) -> Stored:
-        """Keep a tensor on the server (``partitions``: over that many Dask workers; 0: not)."""
+    def put(self, tensor: Tensor, partitions: int, progress: Progress | None = None) -> Stored:
+        """Keep a tensor on the server (``partitions``: over that many Dask workers; 0: not),
+        counting the bytes sent on ``progress``."""
 
     @abstractmethod
-    def get(self, handle: str) -> Tensor:
-        """A kept tensor."""
+    def get(self, handle: str, progress: Progress | None = None) -> Tensor:
+        """A kept tensor, counting the bytes received on ``progress``."""
 
     @abstractmethod
     def delete(self, handle: str) -> None:
@@ -188,10 +190,10 @@ class AsyncTransport(ABC):
     async def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs: ...
 
     @abstractmethod
-    async def put(self, tensor: Tensor, partitions: int) -> Stored: ...
+    async def put(self, tensor: Tensor, partitions: int, progress: Progress | None = None) -> Stored: ...
 
     @abstractmethod
-    async def get(self, handle: str) -> Tensor: ...
+    async def get(self, handle: str, progress: Progress | None = None) -> Tensor: ...
 
     @abstractmethod
     async def delete(self, handle: str) -> None: ...

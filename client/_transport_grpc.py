@@ -20,8 +20,11 @@ import grpc
 import grpc.aio
 
 from . import _shm, _wire
+from ._tracecontext import trace_headers
 from ._transport import AsyncTransport, Catalogue, Outputs, Settings, Step, Stored, Tensor, Transport
-from .core.codec import assemble, iter_chunks
+from ._progress import Progress, upload_frames
+from ._progress import assemble as assemble_counted
+from .core.codec import ChunkAssembler, assemble
 from .core.frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
 from .core.wire import GRPC_WINDOW_OPTIONS, REQUEST_ID_KEY, pipeline_request
 from .v1 import sparseserve_pb2 as pb
@@ -75,7 +78,13 @@ class _Channel:
             self._channel = grpc_api.insecure_channel(settings.address, options=options)
         self._stub = pb_grpc.SparseServiceStub(self._channel)
         self._raw = _raw_methods(self._channel)
-        self._metadata: Metadata = _wire.call_metadata(settings.token)
+        self._fixed_metadata: Metadata = _wire.call_metadata(settings.token)
+
+    @property
+    def _metadata(self) -> Metadata:
+        """Every call's metadata: the token, and the caller's trace where it has a current span."""
+        traced = trace_headers()
+        return (*self._fixed_metadata, *traced.items()) if traced else self._fixed_metadata
 
     # A request id goes out only when the caller picks one; otherwise the server assigns it
     # and errors bring it back. Sending a fresh one on every call cost a small call ~60 µs of
@@ -117,16 +126,17 @@ class GrpcTransport(_Channel, Transport):
     def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
         return outputs_from_bytes(self._unary(self._raw.execute_pipeline, pipeline_request(steps, outputs, keep)))
 
-    def put(self, tensor: Tensor, partitions: int) -> Stored:
+    def put(self, tensor: Tensor, partitions: int, progress: Progress | None = None) -> Stored:
+        # With progress, grpc's thread that sends the stream counts it (and calls the callback).
         with _sdk_errors(None):
-            reply = self._raw.upload(iter_chunks(tensor, self.settings.chunk_bytes), timeout=self.settings.timeout,
-                                     metadata=self._upload_metadata(partitions))
+            reply = self._raw.upload(upload_frames(tensor, self.settings.chunk_bytes, progress),
+                                     timeout=self.settings.timeout, metadata=self._upload_metadata(partitions))
         return Stored(reply.handle, reply.nbytes)
 
-    def get(self, handle: str) -> Tensor:
+    def get(self, handle: str, progress: Progress | None = None) -> Tensor:
         with _sdk_errors(None):
-            return assemble(self._raw.download(pb.Handle(handle=handle), timeout=self.settings.timeout,
-                                               metadata=self._metadata), "tensor")
+            return assemble_counted(self._raw.download(pb.Handle(handle=handle), timeout=self.settings.timeout,
+                                                       metadata=self._metadata), progress)
 
     def delete(self, handle: str) -> None:
         self._unary(self._stub.Delete, pb.DeleteRequest(handle=handle))
@@ -174,17 +184,22 @@ class AsyncGrpcTransport(_Channel, AsyncTransport):
         return outputs_from_bytes(await self._unary(self._raw.execute_pipeline,
                                                     pipeline_request(steps, outputs, keep)))
 
-    async def put(self, tensor: Tensor, partitions: int) -> Stored:
+    async def put(self, tensor: Tensor, partitions: int, progress: Progress | None = None) -> Stored:
         with _sdk_errors(None):
-            reply = await self._raw.upload(iter_chunks(tensor, self.settings.chunk_bytes),
+            reply = await self._raw.upload(upload_frames(tensor, self.settings.chunk_bytes, progress),
                                            timeout=self.settings.timeout, metadata=self._upload_metadata(partitions))
         return Stored(reply.handle, reply.nbytes)
 
-    async def get(self, handle: str) -> Tensor:
+    async def get(self, handle: str, progress: Progress | None = None) -> Tensor:
         with _sdk_errors(None):
             call = self._raw.download(pb.Handle(handle=handle), timeout=self.settings.timeout,
                                       metadata=self._metadata)
-            return assemble([chunk async for chunk in call], "tensor")
+            if progress is None:
+                return assemble([chunk async for chunk in call], "tensor")
+            assembler = ChunkAssembler("tensor")
+            async for chunk in call:
+                progress.frame_in(assembler, chunk)
+            return assembler.finish()
 
     async def delete(self, handle: str) -> None:
         await self._unary(self._stub.Delete, pb.DeleteRequest(handle=handle))

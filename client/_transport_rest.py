@@ -18,6 +18,7 @@ own on asyncio: docs/sdk.md.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ssl
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
@@ -25,6 +26,8 @@ from typing import Any, Callable, TypeVar
 import httpx
 
 from . import _http, _wire
+from ._tracecontext import trace_headers
+from ._progress import Progress
 from ._transport import (AsyncTransport, Catalogue, Outputs, Settings, Step, Stored, Tensor, Transport,
                          shared_memory_refused)
 from .core.wire import REQUEST_ID_KEY
@@ -65,6 +68,9 @@ class RestTransport(Transport):
         """One exchange, answered with a status below 400, or the SDK error it stands for."""
         if request_id is not None:
             kwargs["headers"] = {**(kwargs.get("headers") or {}), REQUEST_ID_KEY: request_id}
+        traced = trace_headers()  # the caller's span, if it has one: the server's is its child
+        if traced:
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), **traced}
         try:
             response = self._session.request(method, path, **kwargs)
         except (httpx.HTTPError, *_http.TRANSPORT_ERRORS) as exc:
@@ -89,13 +95,21 @@ class RestTransport(Transport):
         response = self._request("POST", "/v1/pipelines", **_wire.rest_pipeline(steps, outputs, keep, encoding))
         return _wire.rest_outputs(response.content, encoding)
 
-    def put(self, tensor: Tensor, partitions: int) -> Stored:
-        body = self._request("POST", "/v1/tensors", **_wire.rest_put(tensor, self.settings.encoding, streamed=True,
-                                                                      partitions=partitions)).json()
+    def put(self, tensor: Tensor, partitions: int, progress: Progress | None = None) -> Stored:
+        request = _wire.rest_put(tensor, self.settings.encoding, streamed=True, partitions=partitions)
+        if progress is not None:  # the body's pieces, counted as the socket takes them
+            request["content"] = progress.pieces(request["content"])
+            request["headers"]["content-length"] = str(progress.total)
+        body = self._request("POST", "/v1/tensors", **request).json()
         return Stored(body["handle"], body["nbytes"])
 
-    def get(self, handle: str) -> Tensor:
-        response = self._request("GET", f"/v1/tensors/{handle}")
+    def get(self, handle: str, progress: Progress | None = None) -> Tensor:
+        # Counted as it is read on _http's connections; through a proxy (httpx), once it is in.
+        counted: dict[str, Any] = {"progress": progress} \
+            if progress is not None and isinstance(self._session, _http.Connections) else {}
+        response = self._request("GET", f"/v1/tensors/{handle}", **counted)
+        if progress is not None:
+            progress.finish(len(response.content))
         return _wire.decode_rest_tensor(response.content, response.headers.get("content-type", ""))
 
     def delete(self, handle: str) -> None:
@@ -128,7 +142,9 @@ class AsyncRestTransport(AsyncTransport):
         self._workers = ThreadPoolExecutor(_http._MAX_IDLE, thread_name_prefix="sparseserve-rest")
 
     async def _in_thread(self, call: Callable[..., _T], *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._workers, call, *args)
+        # In the caller's context, as asyncio.to_thread runs a call: its current span travels.
+        return await asyncio.get_running_loop().run_in_executor(self._workers, contextvars.copy_context().run,
+                                                                call, *args)
 
     async def list_ops(self) -> Catalogue:
         return await self._in_thread(self._blocking.list_ops)
@@ -139,11 +155,16 @@ class AsyncRestTransport(AsyncTransport):
     async def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
         return await self._in_thread(self._blocking.run_pipeline, steps, outputs, keep)
 
-    async def put(self, tensor: Tensor, partitions: int) -> Stored:
-        return await self._in_thread(self._blocking.put, tensor, partitions)
+    # The thread counts a transfer; its reports run on the loop, before the call's result.
+    async def put(self, tensor: Tensor, partitions: int, progress: Progress | None = None) -> Stored:
+        if progress is not None:
+            progress = progress.on_loop(asyncio.get_running_loop())
+        return await self._in_thread(self._blocking.put, tensor, partitions, progress)
 
-    async def get(self, handle: str) -> Tensor:
-        return await self._in_thread(self._blocking.get, handle)
+    async def get(self, handle: str, progress: Progress | None = None) -> Tensor:
+        if progress is not None:
+            progress = progress.on_loop(asyncio.get_running_loop())
+        return await self._in_thread(self._blocking.get, handle, progress)
 
     async def delete(self, handle: str) -> None:
         await self._in_thread(self._blocking.delete, handle)
