@@ -21,6 +21,7 @@ from sparseserve.core.validate import INT64_MAX
 from sparseserve.core.errors import InternalError
 from sparseserve.kernels._parallel import PARALLEL_MIN
 
+from . import tracing
 from .sizes import INLINE_BYTES, arguments_nbytes
 
 __all__ = ["Batcher", "batch_key", "merge_coo", "split_coo"]
@@ -100,11 +101,12 @@ class Batcher:
             group = self._groups[key] = _Group(op, arg)
             group.timer = loop.call_later(self.window, self._flush, key, group)
         future = loop.create_future()
-        group.calls.append(_Call(bound, tensor, future))
+        group.calls.append(_Call(bound, tensor, future, tracing.current_link()))
         group.nnz += tensor.nnz
         if len(group.calls) >= self.max_batch:
             self._flush(key, group)
-        return await future
+        with tracing.span("batch wait"):  # the window, then the merged call (its "batch" span, linked)
+            return await future
 
     def _flush(self, key: tuple, group: "_Group") -> None:
         if self._groups.get(key) is group:
@@ -128,8 +130,9 @@ class Batcher:
             await asyncio.gather(*(self._answer_alone(op, c) for c in calls))
             return
         try:
-            answers = await self.service.run(self._run_merged, op, arg, calls, shape,
-                                             nbytes=sum(arguments_nbytes([c.tensor]) for c in calls))
+            with tracing.batch_span([c.origin for c in calls], len(calls)):
+                answers = await self.service.run(self._run_merged, op, arg, calls, shape,
+                                                 nbytes=sum(arguments_nbytes([c.tensor]) for c in calls))
         except asyncio.CancelledError:
             for c in calls:
                 c.future.cancel()
@@ -175,6 +178,7 @@ class _Call:
     bound: dict[str, Any]
     tensor: SparseTensor
     future: asyncio.Future
+    origin: Any = None  # the caller's span, which the batch's links to (tracing on)
 
 
 @dataclass

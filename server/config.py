@@ -58,6 +58,7 @@ class ServerConfig:
     dask_tls_ca: str | None = None  # with dask_tls_cert and dask_tls_key: tls:// to the Dask cluster
     dask_tls_cert: str | None = None
     dask_tls_key: str | None = None
+    otlp_endpoint: str | None = None  # None: no tracing (unless OTEL_EXPORTER_OTLP_ENDPOINT), OpenTelemetry not loaded
 
     def tokens(self) -> dict[str, str]:
         """token -> tenant name. Empty: no authentication."""
@@ -142,6 +143,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
                          "with --dask-tls-cert and --dask-tls-key, a tls:// --dask-scheduler"),
     "dask_tls_cert": (str, "PEM certificate this replica presents to the Dask scheduler and workers"),
     "dask_tls_key": (str, "PEM private key of --dask-tls-cert"),
+    "otlp_endpoint": (str, "OTLP/gRPC collector URL (http://HOST:4317, https:// for TLS) to send a trace of every "
+                           "request to (the tracing extra; unset: OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing)"),
 }
 
 
@@ -214,6 +217,9 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     _check_tls(parser, ns)
     _check_client_ca(parser, ns)
     _check_dask_tls(parser, ns)
+    if ns.otlp_endpoint and not ns.otlp_endpoint.startswith(("http://", "https://")):
+        parser.error(f"--otlp-endpoint {ns.otlp_endpoint!r} must be a URL starting http:// (plaintext) or https:// "
+                     "(TLS), e.g. http://localhost:4317")
     return ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)})
 
 

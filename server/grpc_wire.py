@@ -21,6 +21,7 @@ from sparseserve.core.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
+from . import tracing
 from .buffers import arriving
 from .limits import deadline_from_remaining, seconds_left
 from .metrics import Metrics, RequestInfo, count_sent, current
@@ -51,6 +52,7 @@ def catalogue_to_pb(catalogue: list[dict[str, Any]], device: str) -> pb.ListOpsR
 
 async def _abort(context: grpc.aio.ServicerContext, err: SparseServeError):
     metadata = [(REASON_METADATA_KEY, err.reason)]
+    tracing.record_error(err)
     info = current.get()
     if info is not None:
         info.code = err.code
@@ -92,11 +94,12 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         """Outputs as a serialized ExecuteResponse, refused when over the message limit (keep=true
         then)."""
         size = self.service.check_result_size([t for _, t in outputs], self.service.config.max_request_bytes, what)
-        return await self.service.run(outputs_to_bytes, outputs, nbytes=size)
+        return await self.service.run(tracing.traced("encode", outputs_to_bytes), outputs, nbytes=size)
 
     async def Execute(self, request: bytes, context) -> bytes:
         tenant = _tenant(self.service, context)
-        op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
+        op, args, keep = await self.service.run(tracing.traced("decode", execute_request_from_bytes), request,
+                                                nbytes=len(request))
         outputs = await self.service.execute(op, args, keep, tenant)
         return await self._response(outputs, f"{op} result")
 
@@ -109,9 +112,10 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         async for frame in request_iterator:
             assembler.add(frame)
         request = assembler.finish()
-        op, args, keep = await self.service.run(execute_request_from_bytes, request, nbytes=len(request))
+        op, args, keep = await self.service.run(tracing.traced("decode", execute_request_from_bytes), request,
+                                                nbytes=len(request))
         outputs = await self.service.execute(op, args, keep, tenant)
-        for frame in message_frames(outputs_pieces(outputs)):
+        for frame in message_frames(tracing.traced("encode", outputs_pieces)(outputs)):
             await context.write(frame)
             count_sent(len(frame))
 
@@ -122,7 +126,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
                                    limit=STORE_LIMIT, reason=STORE_REASON, allocate=self.service.buffers.take)
         async for frame in request_iterator:
             assembler.add(frame)
-        tensor = assembler.finish()
+        tensor = tracing.traced("decode", assembler.finish)()
         handle, nbytes = await self.service.put(tensor, tenant, partitions)
         return pb.Handle(handle=handle, nbytes=nbytes)
 
@@ -134,7 +138,7 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
 
     async def ExecutePipeline(self, request: pb.PipelineRequest, context) -> bytes:
         tenant = _tenant(self.service, context)
-        steps, chosen, keep = pipeline_from_pb(request)
+        steps, chosen, keep = tracing.traced("decode", pipeline_from_pb)(request)
         outputs = await self.service.execute_pipeline(steps, chosen, keep, tenant)
         return await self._response(outputs, "pipeline result")
 
@@ -207,9 +211,11 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool, bo
     """``handler`` with a request id, metrics, an access line and its errors answered: one wrapper
     for every method, so that no handler has to remember them."""
     op = _METHOD_OPS.get(method, method)
+    service_name = pb.DESCRIPTOR.services_by_name["SparseService"].full_name
 
     async def observed(request, context):
         info, token = metrics.begin("grpc", op, _metadata_value(context, REQUEST_ID_KEY))
+        span = tracing.grpc_request(service_name, method, context)
         info.deadline = deadline_from_remaining(context.time_remaining())
         if streamed_request:
             request = _counted(request, info, body_timeout)
@@ -233,6 +239,7 @@ def _observed(metrics: Metrics, method: str, handler, streamed_request: bool, bo
             _detached(exc)
             await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
         finally:
+            tracing.finish(span, info)
             metrics.end(info, token)
 
     return observed

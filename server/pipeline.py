@@ -20,6 +20,7 @@ from typing import Any
 from sparseserve.core.tensor import OutputRef
 from sparseserve.core.errors import InvalidArgumentError, SparseServeError
 
+from . import tracing
 from .limits import check_deadline
 from .registry import OpDef, Registry
 
@@ -163,8 +164,10 @@ def run_steps(service, steps: list[Step], chosen: list[str], to_host: bool = Fal
     for step in steps:
         check_deadline(f"before pipeline step {step.name!r}")
         try:
-            args = {name: _substitute(value, results) for name, value in step.args.items()}
-            outputs = service._compute(step.op, service._bind(step.op, args))
+            with tracing.span("pipeline step", {"sparseserve.step": step.name, "sparseserve.op": step.op.name},
+                              parent=True):  # its validation and kernel spans within
+                args = {name: _substitute(value, results) for name, value in step.args.items()}
+                outputs = service._compute(step.op, service._bind(step.op, args))
         except SparseServeError as err:
             raise _step_error(step.name, err) from None
         results.update({f"{step.name}.{name}": value for name, value in outputs})

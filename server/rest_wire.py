@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hmac
 import logging
+from importlib.metadata import version as installed_version
 from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi_standalone_docs import StandaloneDocs
 from starlette.requests import ClientDisconnect
 
 from sparseserve.core.codec import tensor_from_bytes, tensor_pieces
@@ -27,6 +29,7 @@ from sparseserve.core.errors import (InternalError, InvalidArgumentError, Resour
 from sparseserve.kernels.text import json_depth
 from sparseserve.v1 import sparseserve_pb2 as pb
 
+from . import tracing
 from .buffers import arriving
 from .limits import deadline_from_timeout
 from .metrics import CONTENT_TYPE_LATEST, current
@@ -56,6 +59,7 @@ def _is_protobuf_body(request: Request) -> bool:
 
 
 def error_response(err: SparseServeError) -> JSONResponse:
+    tracing.record_error(err)
     info = current.get()
     if info is not None:
         info.code = err.code
@@ -72,7 +76,8 @@ _TIMEOUT_HEADER = TIMEOUT_KEY.encode()
 # paths cannot make new label values.
 _ROUTE_OPS = {("GET", "/v1/ops"): "list_ops", ("POST", "/v1/tensors"): "put", ("POST", "/v1/pipelines"): "pipeline",
               ("GET", "/healthz"): "healthz", ("GET", "/readyz"): "readyz", ("GET", "/docs"): "docs",
-              ("GET", "/openapi.json"): "openapi"}
+              ("GET", "/redoc"): "docs", ("GET", "/openapi.json"): "openapi", ("GET", "/v2/health/live"): "v2_live",
+              ("GET", "/v2/health/ready"): "v2_ready", ("GET", "/v2"): "v2_metadata"}
 _HANDLE_OPS = {"GET": "get", "DELETE": "delete"}
 
 
@@ -82,6 +87,8 @@ def _route_op(service: Service, method: str, path: str) -> str:
         return name if method == "POST" and name in service.registry.ops else "unknown"
     if path.startswith("/v1/tensors/"):
         return _HANDLE_OPS.get(method, "unknown")
+    if path.startswith(("/docs/", "/redoc/")):  # the pages' scripts, style sheet and images
+        return "docs"
     return _ROUTE_OPS.get((method, path), "unknown")
 
 
@@ -102,6 +109,7 @@ class _Observe:
         counted = scope["path"] != "/metrics"  # the operator's scrapes are not traffic
         metrics = self.service.metrics
         info, token = metrics.begin("rest", _route_op(self.service, scope["method"], scope["path"]), given)
+        span = tracing.rest_request(scope)
         header = (_REQUEST_ID_HEADER, info.request_id.encode())
         started = False
 
@@ -116,6 +124,7 @@ class _Observe:
                 started = True
                 message["headers"] = [*message.get("headers", ()), header]
                 status = message["status"]
+                tracing.responded(span, status)
                 if status >= 400 and info.code == "OK":  # an error not raised as ours (404 route, ...)
                     info.code = HTTP_TO_CODE.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")
             else:
@@ -139,6 +148,7 @@ class _Observe:
             log.exception("unexpected error")  # keep serving; say it was a bug
             await error_response(InternalError(f"{type(exc).__name__}: {exc}"))(scope, receive, observed_send)
         finally:
+            tracing.finish(span, info)
             if counted:
                 metrics.end(info, token)
             else:
@@ -260,7 +270,13 @@ def create_app(service: Service) -> FastAPI:
         version="1",
         description="Sparse tensor compute over REST. Every op also takes "
                     "`application/x-protobuf` bodies carrying `sparseserve.v1.ExecuteRequest`.",
+        # Swagger UI would send the document to validator.swagger.io to show a badge.
+        swagger_ui_parameters={"validatorUrl": None},
     )
+    # /docs and /redoc load their scripts, style sheet and images from /docs/... and /redoc/...
+    # (the files fastapi-standalone-docs installs), without web fonts: nothing from another host,
+    # so they work offline. Like /docs and /openapi.json, the files need no token.
+    StandaloneDocs(app)
 
     @app.exception_handler(SparseServeError)
     async def _service_error(request: Request, err: SparseServeError):
@@ -286,6 +302,28 @@ def create_app(service: Service) -> FastAPI:
         body = {"status": "ready" if service.ready else "warming up", "device": service.device}
         return JSONResponse(body, status_code=200 if service.ready else 503)
 
+    # The Open Inference Protocol's (KServe v2) names for the same two questions, and its server
+    # metadata. Its health answers are 200 for true and a 4xx for false (400, as Triton's).
+    @app.get("/v2/health/live", tags=["health"])
+    async def v2_health_live():
+        """Liveness (as /healthz: the event loop answers), for Open Inference Protocol clients."""
+        return {"live": True}
+
+    @app.get("/v2/health/ready", tags=["health"])
+    async def v2_health_ready():
+        """Readiness (as /readyz), for Open Inference Protocol clients: `{"ready": true}`, or 400 and
+        `{"ready": false}` until the kernels are compiled or loaded from cache."""
+        ready = (await readyz()).status_code == 200
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 400)
+
+    server_metadata = {"name": "sparseserve", "version": installed_version("sparseserve"), "extensions": []}
+
+    @app.get("/v2", tags=["health"])
+    async def v2_metadata():
+        """Server metadata (Open Inference Protocol): name, version, and the protocol extensions
+        served (none)."""
+        return server_metadata
+
     @app.get("/v1/ops", tags=["ops"])
     async def list_ops(request: Request):
         """The op catalogue: every op with its arguments, types, defaults, outputs and docs."""
@@ -307,7 +345,7 @@ def create_app(service: Service) -> FastAPI:
         body = await _read_body(request, service)
         decode = _decode_pb_tensor if _is_protobuf_body(request) else _decode_json_tensor
         partitions = partitions_from_text(request.query_params.get("partitions"), "the partitions query parameter")
-        tensor = await service.run(decode, body, service.config.max_json_depth)
+        tensor = await service.run(tracing.traced("decode", decode), body, service.config.max_json_depth)
         handle, nbytes = await service.put(tensor, tenant, partitions)
         if _wants_protobuf(request):
             return Response(pb.Handle(handle=handle, nbytes=nbytes).SerializeToString(), media_type=PROTOBUF)
@@ -319,11 +357,11 @@ def create_app(service: Service) -> FastAPI:
         tensor = await service.get(handle, _tenant(service, request))
         if _wants_protobuf(request):
             # The message streams as its pieces, the arrays straight from the store's memory.
-            pieces = await service.run(tensor_pieces, tensor)
+            pieces = await service.run(tracing.traced("encode", tensor_pieces), tensor)
             return StreamingResponse(iter_slices(pieces), media_type=PROTOBUF,
                                      headers={"content-length": str(sum(len(p) for p in pieces))})
         # Encoded off the loop, as the protobuf pieces are: a big tensor's text takes a while.
-        body = await service.run(lambda: dumps(tensor_to_json(tensor)))
+        body = await service.run(tracing.traced("encode", lambda: dumps(tensor_to_json(tensor))))
         return Response(body, media_type="application/json")
 
     @app.delete("/v1/tensors/{handle}", tags=["tensors"])
@@ -338,12 +376,13 @@ def create_app(service: Service) -> FastAPI:
         (default: the last step's) come back, or their handles with `keep`."""
         tenant = _tenant(service, request)
         body = await _read_body(request, service)
-        steps, outputs, keep = await service.run(_decode_pipeline_body, body, _is_protobuf_body(request),
-                                                 service.config.max_json_depth, nbytes=len(body))
+        steps, outputs, keep = await service.run(tracing.traced("decode", _decode_pipeline_body), body,
+                                                 _is_protobuf_body(request), service.config.max_json_depth,
+                                                 nbytes=len(body))
         results = await service.execute_pipeline(steps, outputs, keep, tenant)
         return await _outputs_response(service, request, results, "pipeline result")
 
-    _add_tensor_schemas(app)
+    _add_tensor_schemas(app, tokens=bool(service.tokens))
     return app
 
 
@@ -361,15 +400,25 @@ _PIPELINE_BODY = {"requestBody": {"required": True, "content": {
     PROTOBUF: {"schema": {"type": "string", "format": "binary"}}}}}
 
 
-def _add_tensor_schemas(app: FastAPI) -> None:
-    """Put the JSON tensor forms of SPEC section 5 into the OpenAPI components."""
+def _add_tensor_schemas(app: FastAPI, *, tokens: bool) -> None:
+    """Put the JSON tensor forms of SPEC section 5 into the OpenAPI components, and, on a server
+    with tokens, the bearer scheme on the routes that need one: /docs then has an Authorize
+    button, and "Try it out" sends the token."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description,
                                  routes=app.routes)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(TENSOR_SCHEMAS)
+            components = schema.setdefault("components", {})
+            components.setdefault("schemas", {}).update(TENSOR_SCHEMAS)
+            if tokens:
+                components["securitySchemes"] = {"bearer": {
+                    "type": "http", "scheme": "bearer", "description": "A token of --token or --token-file"}}
+                for path, item in schema.get("paths", {}).items():
+                    if path.startswith("/v1/"):
+                        for operation in item.values():
+                            operation["security"] = [{"bearer": []}]
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -453,10 +502,11 @@ async def _outputs_response(service: Service, request: Request, outputs: list[tu
     as JSON, as the request's Accept asks."""
     if _wants_protobuf(request):
         size = service.check_result_size([t for _, t in outputs], service.config.max_request_bytes, what)
-        body = await service.run(outputs_to_bytes, outputs, nbytes=size)
+        body = await service.run(tracing.traced("encode", outputs_to_bytes), outputs, nbytes=size)
         return Response(body, media_type=PROTOBUF)
-    body = await service.run(lambda: dumps({"outputs": {n: [tensor_to_json(x) for x in t] if isinstance(t, list)
-                                                        else tensor_to_json(t) for n, t in outputs}}),
+    body = await service.run(tracing.traced("encode", lambda: dumps({"outputs": {
+                                 n: [tensor_to_json(x) for x in t] if isinstance(t, list) else tensor_to_json(t)
+                                 for n, t in outputs}})),
                              nbytes=arguments_nbytes(t for _, t in outputs))
     return Response(body, media_type="application/json")
 
@@ -471,8 +521,8 @@ def _add_op_route(app: FastAPI, service: Service, op: OpDef) -> None:
         tenant = _tenant(service, request)
         body = await _read_body(request, service)
         protobuf = _is_protobuf_body(request)
-        args, keep_in_body = await service.run(_decode_op_body, body, protobuf, service.config.max_json_depth,
-                                                  nbytes=len(body))
+        args, keep_in_body = await service.run(tracing.traced("decode", _decode_op_body), body, protobuf,
+                                               service.config.max_json_depth, nbytes=len(body))
         keep = keep or keep_in_body
         outputs = await service.execute(op.name, args, keep, tenant)
         return await _outputs_response(service, request, outputs, f"{op.name} result")

@@ -20,6 +20,7 @@ from sparseserve.core.tensor import HandleRef
 from sparseserve.core.errors import (InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
                                 SparseServeError, UnauthenticatedError, UnavailableError, UnimplementedError)
 
+from . import tracing
 from .trust import checked
 from .buffers import BufferPool
 from .config import ServerConfig
@@ -98,6 +99,7 @@ class Service:
             self.batcher = Batcher(self, config.batch_window_ms / 1000, config.max_batch)
         self._shared: SharedSegments | None = None
         self.metrics = Metrics(self)
+        tracing.configure(config)  # with --otlp-endpoint: OpenTelemetry loaded, a span per request
         if self.backend is not None:
             self.backend.on_fallback = self.metrics.count_fallback
         self.cluster: Cluster | None = None  # partitioned tensors on Dask, with --dask-scheduler
@@ -180,8 +182,9 @@ class Service:
                     f"{self.config.max_queue}); retry later", reason="OVERLOADED")
             self.queued += 1
             try:
-                async with asyncio.timeout(seconds_left()):
-                    await self._slots.acquire()
+                with tracing.span("queue wait", {"sparseserve.queue.position": self.queued}):
+                    async with asyncio.timeout(seconds_left()):
+                        await self._slots.acquire()
             except TimeoutError:
                 raise deadline_exceeded("while the call waited for a worker") from None
             finally:
@@ -216,6 +219,7 @@ class Service:
             self._shared.close()
         if self.cluster is not None:
             self.cluster.close()
+        tracing.shutdown()  # the spans still held are sent
 
     # ------------------------------------------------------------------ ops
     async def execute(self, op_name: str, args: dict[str, Any], keep: bool, tenant: str) -> list[tuple[str, Any]]:
@@ -258,7 +262,7 @@ class Service:
             if op_name in self.registry.ops:  # an unknown op is the planner's to report
                 check_argument_limits(self.registry.get(op_name), args, self.config)
             resolved.append((name, op_name, args))
-        steps, chosen = await self.run(plan_pipeline, self.registry, resolved, outputs)
+        steps, chosen = await self.run(tracing.traced("validation", plan_pipeline), self.registry, resolved, outputs)
         return await self._kept(await self.run(run_steps, self, steps, chosen, not keep), keep, tenant)
 
     def _execute_sync(self, op, args: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
@@ -266,9 +270,10 @@ class Service:
 
     def _bind(self, op, args: dict[str, Any]) -> dict[str, Any]:
         """Validated arguments, and the declared result size checked against the limit."""
-        bound = op.bind(args)
-        if op.result_bytes is not None:
-            check_result_bytes(op, self.result_bytes(op, bound), self.config.max_result_bytes)
+        with tracing.span("validation"):
+            bound = op.bind(args)
+            if op.result_bytes is not None:
+                check_result_bytes(op, self.result_bytes(op, bound), self.config.max_result_bytes)
         return bound
 
     def result_bytes(self, op, bound: dict[str, Any], otherwise: int = 0) -> int:
@@ -289,7 +294,8 @@ class Service:
         a GPU worker's outputs copied to the host here, in the worker thread, rather than on the
         event loop (``_kept`` copies only what is still on the device)."""
         try:
-            results = op.run("cpu", bound) if self.backend is None else self.backend.run(op, bound)
+            with tracing.span("kernel", {"sparseserve.op": op.name, "sparseserve.device": self.device}):
+                results = op.run("cpu", bound) if self.backend is None else self.backend.run(op, bound)
         except SparseServeError:
             raise
         except MemoryError:
@@ -406,7 +412,7 @@ class Service:
         cut into that many row blocks on the Dask cluster (``_store``)."""
         check_partitions(partitions)
         check_tensor_limits(tensor, "tensor", self.config)
-        value = await self.run(checked, tensor, "tensor")
+        value = await self.run(tracing.traced("validation", checked), tensor, "tensor")
         return await self._store(value, tenant, partitions)
 
     def upload_budget(self) -> int:

@@ -541,8 +541,9 @@ def test_dockerfile_installs_the_package_not_editable_with_the_right_extras(dock
     assert len(installs) == 1, installs
     assert " -e " not in installs[0] and "--editable" not in installs[0]
     extras = set(re.search(r'"\.\[([a-z,]+)\]"', installs[0]).group(1).split(","))
-    # distributed: the same image runs the Dask scheduler and workers (--dask-scheduler).
-    expected = {"server", "distributed"} | ({"gpu"} if dockerfile.path.name == "Dockerfile.gpu" else set())
+    # distributed: the same image runs the Dask scheduler and workers (--dask-scheduler); tracing:
+    # --otlp-endpoint works in the image (docs/tracing.md).
+    expected = {"server", "distributed", "tracing"} | ({"gpu"} if dockerfile.path.name == "Dockerfile.gpu" else set())
     assert extras == expected
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras <= set(declared)
