@@ -2,14 +2,17 @@
 values and dimensions one tensor may have (``--max-nnz``, ``--max-rank``).
 
 A request's deadline lives on its ``RequestInfo`` (``metrics.current``), which reaches the
-kernel threads too (``Service.run`` copies the context), so a pipeline can stop between steps.
+kernel threads too (``Service.run`` copies the context), so a pipeline can stop between steps
+and an iterative op between iterations (``between_iterations``), which is also where it
+reports its progress to a caller watching it (``progress_sink``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterable
+from contextvars import ContextVar
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -20,7 +23,8 @@ from .config import ServerConfig
 from .metrics import current
 
 __all__ = ["deadline_from_timeout", "deadline_from_remaining", "seconds_left", "check_deadline", "deadline_exceeded",
-           "check_tensor_limits", "check_argument_limits", "check_result_bytes"]
+           "check_tensor_limits", "check_argument_limits", "check_result_bytes", "progress_sink",
+           "between_iterations"]
 
 # A timeout longer than this is no timeout worth tracking (and keeps the arithmetic finite).
 _LONGEST_TIMEOUT = 30 * 24 * 3600.0
@@ -63,6 +67,22 @@ def check_deadline(stage: str) -> None:
     left = seconds_left()
     if left is not None and left <= 0:
         raise deadline_exceeded(stage)
+
+
+# Where an iterative op's progress goes while the request runs: set by a wire whose caller asked
+# to watch it (called in the kernel thread, with the op's name and the fields it reports), else
+# None and nothing is reported.
+progress_sink: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar("progress_sink", default=None)
+
+
+def between_iterations(op: str, **fields: Any) -> None:
+    """What an iterative op calls after each iteration: past the caller's deadline the op is
+    abandoned (DEADLINE_EXCEEDED, its thread freed), else its progress goes to the caller
+    watching it, if any (``fields``: e.g. ``iteration`` and ``residual_norm``)."""
+    check_deadline(f"while {op} iterated")
+    sink = progress_sink.get()
+    if sink is not None:
+        sink({"op": op, **fields})
 
 
 def _too_big(what: str, has: str, limit: int, flag: str, reason: str) -> ResourceExhaustedError:

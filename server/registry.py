@@ -72,6 +72,10 @@ class OpDef:
     result_bytes: Callable[..., int] | None = None
     # Concurrent calls may be merged into one kernel call (server/batching.py says how).
     batchable: bool = False
+    # Its cost is not bounded by its input's size (an iterative solver: a small matrix and
+    # 20,000 iterations), so it always runs in the kernel pool, never on the event loop; it calls
+    # ``limits.between_iterations`` as it goes (the caller's deadline, and progress reports).
+    iterative: bool = False
 
     def bind(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Named raw values -> validated kernel arguments, defaults filled in.
@@ -122,14 +126,15 @@ class Registry:
     ops: dict[str, OpDef] = field(default_factory=dict)
 
     def op(self, name: str, *, doc: str, args: list[Arg], outputs: list[Output],
-           result_bytes: Callable[..., int] | None = None, batchable: bool = False) -> Callable:
+           result_bytes: Callable[..., int] | None = None, batchable: bool = False,
+           iterative: bool = False) -> Callable:
         """Decorator declaring an op whose CPU kernel is the decorated function."""
 
         def register(fn: Callable) -> Callable:
             if name in self.ops:
                 raise ValueError(f"op {name!r} is declared twice")
             self.ops[name] = OpDef(name, doc.strip(), tuple(args), tuple(outputs), {"cpu": fn},
-                                   result_bytes, batchable)
+                                   result_bytes, batchable, iterative)
             return fn
 
         return register

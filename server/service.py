@@ -237,7 +237,7 @@ class Service:
         if self.batcher is not None and op.batchable:
             return await self._kept(await self.batcher.submit(op, resolved), keep, tenant)
         size = arguments_nbytes(resolved.values())
-        if size >= INLINE_BYTES:
+        if size >= INLINE_BYTES or op.iterative:  # an iterative op's cost is not its input's size
             return await self._kept(await self.run(self._execute_sync, op, resolved, not keep), keep, tenant)
         # Small inputs: validated on the loop, and the kernel run there too unless the op says its
         # result is big (as ``run`` would, without its awaits: a small call's time is overheads).
