@@ -76,6 +76,8 @@ image-test: $(VENV)/.dev
 bench: $(VENV)/.dev
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.linalg
+	$(BIN)/python -m bench.solvers
+	$(BIN)/python -m bench.eigen
 	$(BIN)/python -m bench.segment
 	$(BIN)/python -m bench.aggregate
 	$(BIN)/python -m bench.index_select

@@ -189,6 +189,30 @@ class _RequestTotals:
             yield family
 
 
+class _SolverIterations:
+    """Iterations run by the solver ops (cg, bicgstab, ...), by op. Process-wide, as the ops
+    reach no service: a kernel thread adds a solve's iterations when it ends (under a lock)."""
+
+    def __init__(self):
+        self.totals: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def add(self, op: str, iterations: int) -> None:
+        with self.lock:
+            self.totals[op] = self.totals.get(op, 0) + int(iterations)
+
+    def collect(self):
+        family = CounterMetricFamily("sparseserve_solver_iterations", "Iterations run by the solver ops, by op",
+                                     labels=["op"])
+        with self.lock:
+            for op, total in sorted(self.totals.items()):
+                family.add_metric([op], total)
+        yield family
+
+
+SOLVER_ITERATIONS = _SolverIterations()
+
+
 class Metrics:
     """The service's own registry (not prometheus_client's global one: a test may run several
     services in one process)."""
@@ -200,6 +224,7 @@ class Metrics:
         self.fallbacks = Counter("sparseserve_device_fallbacks", "Calls a GPU worker ran on the CPU kernel "
                                  "instead, by op and reason", ["op", "reason"], registry=self.registry)
         self.registry.register(_ServiceCollector(service))
+        self.registry.register(SOLVER_ITERATIONS)
 
     def begin(self, wire: str, op: str, request_id: str | None) -> tuple[RequestInfo, Token]:
         info = RequestInfo(wire, op, request_id)

@@ -1,0 +1,156 @@
+"""The Krylov solvers: ``cg`` with Jacobi on the 2-D Poisson matrix of a k x k grid (the issue's
+1,000 x 1,000: a million unknowns, ~5M entries) to rtol = 1e-8, ours through the op registry in
+process and through a real server with the matrix held by handle, against
+``scipy.sparse.linalg.cg`` in process on the same matrix with the same preconditioner (same
+iteration count, within one, asserted). Beside them, scipy's cg driving the server through one
+``c.matmul(handle, x)`` round trip per iteration: what the server-side loop saves, per iteration.
+
+``python -m bench.solvers --scale 0.25`` for a quicker run (a 500 x 500 grid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import time
+
+import numpy as np
+
+from sparseserve import SparseTensor
+from ._results import figure, record
+from ._timing import best_of_each
+
+RTOL = 1e-8
+ROUND_TRIP_ITERATIONS = 20
+
+
+def poisson(k: int):
+    """The 5-point Laplacian of a k x k grid as a scipy CSR with int32 indices."""
+    import scipy.sparse as sp
+
+    t = sp.diags_array([-np.ones(k - 1), 2 * np.ones(k), -np.ones(k - 1)], offsets=[-1, 0, 1])
+    a = sp.csr_array(sp.kron(t, sp.eye_array(k)) + sp.kron(sp.eye_array(k), t))
+    a.indices, a.indptr = a.indices.astype(np.int32), a.indptr.astype(np.int32)
+    return a
+
+
+def tensor_of(a) -> SparseTensor:
+    return SparseTensor(layout="csr", compressed_indices=a.indptr, plain_indices=a.indices, values=a.data,
+                        dense_shape=list(a.shape))
+
+
+def scipy_cg(a, b):
+    """scipy's cg with Jacobi: (x, info, iterations)."""
+    from scipy.sparse import linalg as spla
+
+    dinv = 1 / a.diagonal()
+    m = spla.LinearOperator(a.shape, matvec=lambda r: dinv * r.ravel(), dtype=a.dtype)
+    count = [0]
+
+    def callback(_):
+        count[0] += 1
+    x, info = spla.cg(a, b, rtol=RTOL, M=m, callback=callback)
+    return x, info, count[0]
+
+
+def ours_cg(t: SparseTensor, b):
+    from sparseserve.server.ops import REGISTRY
+
+    op = REGISTRY.get("cg")
+    x, info, iterations, _ = op.run("cpu", op.bind({"a": t, "b": b, "rtol": RTOL, "preconditioner": "jacobi"}))
+    return x, int(info), int(iterations)
+
+
+def run(scale: float = 1.0, repeat: int = 1, service: bool = True) -> None:
+    k = max(10, int(round(1000 * math.sqrt(scale))))
+    a = poisson(k)
+    t = tensor_of(a)
+    n = a.shape[0]
+    b = np.ones(n)
+    x_ours, info_ours, its_ours = ours_cg(t, b)
+    x_scipy, info_scipy, its_scipy = scipy_cg(a, b)
+    assert info_ours == info_scipy == 0, (info_ours, info_scipy)
+    assert abs(its_ours - its_scipy) <= 1, (its_ours, its_scipy)
+    assert np.allclose(x_ours, x_scipy, rtol=1e-6, atol=1e-8 * np.linalg.norm(x_scipy))
+    contenders = {"ours": lambda: ours_cg(t, b), "scipy": lambda: scipy_cg(a, b)}
+    server_figures: dict[str, float] = {}
+    if service:
+        from sparseserve import Client
+
+        from ._server import BenchServer
+
+        room = str(2 * t.nbytes + (64 << 20))
+        with BenchServer("--max-request-bytes", room, "--store-bytes", str(4 * t.nbytes)) as server, \
+                Client(server.grpc_target, timeout=3600) as c:
+            handle = c.put(t)
+            try:
+                def served():
+                    x, info, iterations, _ = c.cg(handle, b, rtol=RTOL, preconditioner="jacobi")
+                    assert int(info) == 0 and abs(int(iterations) - its_scipy) <= 1
+                contenders["service"] = served
+                best = best_of_each(contenders, repeat, warm_up=False)
+                server_figures["round_trip"] = _round_trip_per_iteration(c, handle, b)
+            finally:
+                c.delete(handle)
+    else:
+        best = best_of_each(contenders, repeat, warm_up=False)
+    _report(k, n, a.nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service)
+
+
+def _round_trip_per_iteration(c, handle, b) -> float:
+    """Seconds per iteration of scipy's cg whose matvec is ``c.matmul(handle, x)`` (a few iterations)."""
+    from scipy.sparse import linalg as spla
+
+    n = b.size
+    op = spla.LinearOperator((n, n), matvec=lambda x: c.matmul(handle, np.ascontiguousarray(x.ravel())),
+                             dtype=np.float64)
+    spla.cg(op, b, maxiter=2)  # the connection and the server's threads warm
+    start = time.perf_counter()
+    spla.cg(op, b, rtol=1e-300, maxiter=ROUND_TRIP_ITERATIONS)
+    return (time.perf_counter() - start) / ROUND_TRIP_ITERATIONS
+
+
+def _report(k, n, nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service) -> None:
+    print(f"\n{datetime.date.today()} on {platform.machine()} with {os.cpu_count()} cores, "
+          f"{platform.python_implementation()} {platform.python_version()}; cg + Jacobi, 2-D Poisson {k} x {k} "
+          f"({n:,} unknowns, {nnz:,} entries), rtol {RTOL:g}; iterations: ours {its_ours}, scipy {its_scipy}\n")
+    print("| solve | seconds | per iteration (ms) | scipy / this |")
+    print("|---|---|---|---|")
+    rows = [("scipy.sparse.linalg.cg in process", best["scipy"]), ("cg op in process", best["ours"])]
+    if "service" in best:
+        rows.append(("c.cg(handle, b) over gRPC", best["service"]))
+    for name, seconds in rows:
+        print(f"| {name} | {seconds:.3f} | {1e3 * seconds / its_scipy:.2f} | {best['scipy'] / seconds:.2f}x |")
+    sizes = {"n": n, "nnz": nnz, "iterations": its_ours}
+    figures = [figure(f"cg + Jacobi, Poisson {k}^2, in process", best["ours"], "scipy cg", best["scipy"],
+                      sizes=sizes)]
+    if "service" in best:
+        figures.append(figure(f"cg + Jacobi, Poisson {k}^2, c.cg(handle) over gRPC", best["service"],
+                              "scipy cg", best["scipy"], sizes=sizes))
+    if "round_trip" in server_figures:
+        per = server_figures["round_trip"]
+        served = best["service"] / its_ours
+        print(f"\nscipy's cg with c.matmul(handle, x) as its matvec (one gRPC round trip an iteration): "
+              f"{1e3 * per:.2f} ms an iteration, against {1e3 * served:.2f} ms in c.cg: {per / served:.1f}x")
+        figures.append(figure(f"cg iteration, Poisson {k}^2, c.cg(handle) over gRPC", served,
+                              "scipy cg over c.matmul round trips", per, sizes={"n": n}))
+    record("solvers", figures, about="cg with Jacobi to rtol 1e-8 on the 2-D Poisson matrix, float64 CSR with "
+           "int32 indices: the op in process and over gRPC with the matrix held by handle, against scipy's cg "
+           "in process (same iterations, within one); and per iteration, scipy's cg driving c.matmul round trips",
+           scale=scale, repeat=repeat, service=service)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.solvers")
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the issue's unknowns")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--no-service", action="store_true", help="skip the server benchmarks")
+    args = parser.parse_args()
+    run(args.scale, args.repeat, not args.no_service)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+"""Kernels of the Krylov solvers (``server/ops/solvers.py``): the vector work of an iteration
+fused into as few passes as the algorithm allows, the Jacobi and ILU(0) preconditioners, and
+the SpMV with the dot product the next step needs taken while its rows are in cache.
+
+A conjugate-gradient iteration is then one SpMV (``spmv_dot``), one pass updating x and r and
+measuring r (``cg_update``), and one writing the next direction (``cg_direction``): about one
+pass over the vectors, where scipy makes eight. Every sum is taken over fixed blocks of
+``BLOCK`` elements, then the blocks' sums added in order (numpy's pairwise sum): the answer, and
+so the iteration count, does not depend on how many threads ran the blocks (below
+``PARALLEL_MIN`` everything runs in the calling thread, with the same blocks).
+Values float32 or float64; the caller validates; nothing here raises.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._parallel import PARALLEL_LOCK, PARALLEL_MIN
+from ._sort import frozen
+from .linalg import FAST, N_GATHER_CHUNKS, U, balanced_bounds, spmv_par, spmv_rows
+
+__all__ = ["Csr", "BicgVectors", "spmv_dot", "spmv_dots", "spmv_into", "cg_update", "cg_direction", "diagonal",
+           "ilu0", "ilu0_solve", "warm_up"]
+
+BLOCK = 4096  # elements a partial sum covers
+
+# How cg_update finds the preconditioned residual z: z = r (none), z = dinv * r (jacobi, never
+# stored), or z given (ilu0, from the triangular solves).
+NONE, JACOBI, GIVEN = 0, 1, 2
+
+
+class Csr:
+    """A square matrix's CSR arrays with its SpMV's row split (computed once per matrix): chunks
+    of about equal entries whose bounds fall on ``BLOCK`` boundaries."""
+
+    def __init__(self, ptr: np.ndarray, idx: np.ndarray, vals: np.ndarray):
+        # read-only, as kernels/linalg.py passes them: one compiled signature per dtype
+        self.ptr, self.idx, self.vals = frozen(ptr), frozen(idx), frozen(vals)
+        self.n = ptr.size - 1
+        bounds = balanced_bounds(ptr, N_GATHER_CHUNKS)
+        self.bounds = np.unique(np.concatenate([[0], np.minimum((bounds + BLOCK // 2) // BLOCK * BLOCK, self.n),
+                                                [self.n]])).astype(np.int64)
+        self.parallel = vals.size >= PARALLEL_MIN
+
+
+def n_blocks(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK
+
+
+# ------------------------------------------------------------------ SpMV (+ the dot it feeds)
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _dot_range(x, y, lo, hi):
+    acc = 0.0
+    for i in range(U(lo), U(hi)):
+        acc += x[i] * y[i]
+    return acc
+
+
+@njit(nogil=True, cache=True)
+def _dot_blocks(x, y, lo, hi, partial):
+    """partial[b] = x . y over block b, for the blocks of [lo, hi) (lo on a block boundary)."""
+    for b in range(lo // BLOCK, (hi + BLOCK - 1) // BLOCK):
+        partial[b] = _dot_range(x, y, b * BLOCK, min(hi, (b + 1) * BLOCK))
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _spmv_dot_par(ptr, idx, vals, x, y, bounds, partial):
+    for c in prange(bounds.size - 1):
+        spmv_rows(ptr, idx, vals, x, y, bounds[c], bounds[c + 1])
+        _dot_blocks(x, y, bounds[c], bounds[c + 1], partial)
+
+
+def spmv_dot(a: Csr, x: np.ndarray, y: np.ndarray) -> float:
+    """y = A @ x in place, and returns x . y (the rows of y read back while in cache)."""
+    partial = np.zeros(n_blocks(a.n))
+    x = frozen(x)
+    if not a.parallel:
+        spmv_rows(a.ptr, a.idx, a.vals, x, y, 0, a.n)
+        _dot_blocks(x, y, 0, a.n, partial)
+    else:
+        with PARALLEL_LOCK:
+            _spmv_dot_par(a.ptr, a.idx, a.vals, x, y, a.bounds, partial)
+    return float(partial.sum())
+
+
+def spmv_into(a: Csr, x: np.ndarray, y: np.ndarray) -> None:
+    """y = A @ x in place (the operator handed to scipy's drivers and to eigen solvers)."""
+    x = frozen(x)
+    if not a.parallel:
+        spmv_rows(a.ptr, a.idx, a.vals, x, y, 0, a.n)
+        return
+    with PARALLEL_LOCK:
+        spmv_par(a.ptr, a.idx, a.vals, x, y, a.bounds)
+
+
+# ------------------------------------------------------------------ conjugate gradients
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _cg_update_range(x, r, p, q, dinv, alpha, mode, lo, hi):
+    rr = 0.0
+    rz = 0.0
+    for i in range(U(lo), U(hi)):
+        x[i] += alpha * p[i]
+        ri = r[i] - alpha * q[i]
+        r[i] = ri
+        rr += ri * ri
+        if mode == 1:
+            rz += ri * ri * dinv[i]
+    return rr, rz
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _cg_update_par(x, r, p, q, dinv, alpha, mode, partial):
+    n = x.size
+    for b in prange(partial.shape[0]):
+        rr, rz = _cg_update_range(x, r, p, q, dinv, alpha, mode, b * BLOCK, min(n, (b + 1) * BLOCK))
+        partial[b, 0] = rr
+        partial[b, 1] = rz
+
+
+@njit(nogil=True, cache=True)
+def _cg_update_seq(x, r, p, q, dinv, alpha, mode, partial):
+    n = x.size
+    for b in range(partial.shape[0]):
+        rr, rz = _cg_update_range(x, r, p, q, dinv, alpha, mode, b * BLOCK, min(n, (b + 1) * BLOCK))
+        partial[b, 0] = rr
+        partial[b, 1] = rz
+
+
+def cg_update(x, r, p, q, dinv, alpha: float, mode: int) -> tuple[float, float]:
+    """x += alpha p, r -= alpha q in one pass; returns (r . r, r . dinv r) (the second only for
+    JACOBI, else 0)."""
+    partial = np.zeros((n_blocks(x.size), 2))
+    if x.size < PARALLEL_MIN:
+        _cg_update_seq(x, r, p, q, dinv, alpha, mode, partial)
+    else:
+        with PARALLEL_LOCK:
+            _cg_update_par(x, r, p, q, dinv, alpha, mode, partial)
+    rr, rz = partial.sum(axis=0)
+    return float(rr), float(rz)
+
+
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _cg_direction_range(p, r, w, beta, mode, lo, hi):
+    for i in range(U(lo), U(hi)):
+        if mode == 0:
+            p[i] = r[i] + beta * p[i]
+        elif mode == 1:
+            p[i] = w[i] * r[i] + beta * p[i]
+        else:
+            p[i] = w[i] + beta * p[i]
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _cg_direction_par(p, r, w, beta, mode):
+    n = p.size
+    for b in prange((n + BLOCK - 1) // BLOCK):
+        _cg_direction_range(p, r, w, beta, mode, b * BLOCK, min(n, (b + 1) * BLOCK))
+
+
+def cg_direction(p, r, w, beta: float, mode: int) -> None:
+    """p = z + beta p, z being r (NONE), w * r (JACOBI, w = 1 / diag A) or w itself (GIVEN)."""
+    if p.size < PARALLEL_MIN:
+        _cg_direction_range(p, r, w, beta, mode, 0, p.size)
+        return
+    with PARALLEL_LOCK:
+        _cg_direction_par(p, r, w, beta, mode)
+
+
+# ------------------------------------------------------------------ BiCGSTAB
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _dots_range(u, y, lo, hi):
+    uy = 0.0
+    yy = 0.0
+    for i in range(U(lo), U(hi)):
+        uy += u[i] * y[i]
+        yy += y[i] * y[i]
+    return uy, yy
+
+
+@njit(nogil=True, cache=True)
+def _dots_blocks(u, y, lo, hi, partial):
+    for b in range(lo // BLOCK, (hi + BLOCK - 1) // BLOCK):
+        uy, yy = _dots_range(u, y, b * BLOCK, min(hi, (b + 1) * BLOCK))
+        partial[b, 0] = uy
+        partial[b, 1] = yy
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _spmv_dots_par(ptr, idx, vals, x, y, u, bounds, partial):
+    for c in prange(bounds.size - 1):
+        spmv_rows(ptr, idx, vals, x, y, bounds[c], bounds[c + 1])
+        _dots_blocks(u, y, bounds[c], bounds[c + 1], partial)
+
+
+def spmv_dots(a: Csr, x: np.ndarray, y: np.ndarray, u: np.ndarray) -> tuple[float, float]:
+    """y = A @ x in place; returns (u . y, y . y)."""
+    partial = np.zeros((n_blocks(a.n), 2))
+    x = frozen(x)
+    if not a.parallel:
+        spmv_rows(a.ptr, a.idx, a.vals, x, y, 0, a.n)
+        _dots_blocks(u, y, 0, a.n, partial)
+    else:
+        with PARALLEL_LOCK:
+            _spmv_dots_par(a.ptr, a.idx, a.vals, x, y, u, a.bounds, partial)
+    uy, yy = partial.sum(axis=0)
+    return float(uy), float(yy)
+
+
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi):
+    for i in range(U(lo), U(hi)):
+        pi = r[i] if first else (p[i] - omega * v[i]) * beta + r[i]
+        p[i] = pi
+        if mode == 1:
+            phat[i] = dinv[i] * pi
+
+
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _bicg_half_range(r, v, dinv, shat, alpha, mode, lo, hi):
+    ss = 0.0
+    for i in range(U(lo), U(hi)):
+        ri = r[i] - alpha * v[i]
+        r[i] = ri
+        ss += ri * ri
+        if mode == 1:
+            shat[i] = dinv[i] * ri
+    return ss
+
+
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi):
+    rr = 0.0
+    rho = 0.0
+    for i in range(U(lo), U(hi)):
+        x[i] += alpha * phat[i] + omega * shat[i]
+        ri = r[i] - omega * t[i]
+        r[i] = ri
+        rr += ri * ri
+        rho += rtilde[i] * ri
+    return rr, rho
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _bicg_passes_par(stage, x, r, p, v, t, rtilde, dinv, phat, shat, alpha, beta, omega, first, mode,
+                     partial):
+    n = r.size
+    for b in prange(partial.shape[0]):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
+        if stage == 0:
+            _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi)
+        elif stage == 1:
+            partial[b, 0] = _bicg_half_range(r, v, dinv, shat, alpha, mode, lo, hi)
+        else:
+            rr, rho = _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi)
+            partial[b, 0] = rr
+            partial[b, 1] = rho
+
+
+@njit(nogil=True, cache=True)
+def _bicg_passes_seq(stage, x, r, p, v, t, rtilde, dinv, phat, shat, alpha, beta, omega, first, mode,
+                     partial):
+    n = r.size
+    for b in range(partial.shape[0]):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
+        if stage == 0:
+            _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi)
+        elif stage == 1:
+            partial[b, 0] = _bicg_half_range(r, v, dinv, shat, alpha, mode, lo, hi)
+        else:
+            rr, rho = _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi)
+            partial[b, 0] = rr
+            partial[b, 1] = rho
+
+
+class BicgVectors:
+    """The vectors of one BiCGSTAB solve and its three fused passes (scipy's loop otherwise):
+    ``direction`` p = (p - omega v) beta + r (and phat = dinv p for JACOBI); ``half`` r -= alpha v
+    returning r . r (and shat = dinv r); ``update`` x += alpha phat + omega shat, r -= omega t
+    returning (r . r, rtilde . r). Without JACOBI, phat and shat are p and r themselves, or the
+    caller fills them (GIVEN)."""
+
+    def __init__(self, x, r, mode: int, dinv):
+        n, dtype = r.size, r.dtype
+        self.x, self.r, self.rtilde, self.mode, self.dinv = x, r, r.copy(), mode, dinv
+        self.p, self.v, self.t = np.zeros(n, dtype), np.zeros(n, dtype), np.zeros(n, dtype)
+        self.phat = self.p if mode == NONE else np.zeros(n, dtype)
+        self.shat = self.r if mode == NONE else np.zeros(n, dtype)
+        self.partial = np.zeros((n_blocks(n), 2))
+
+    def _run(self, stage: int, alpha=0.0, beta=0.0, omega=0.0, first=False) -> np.ndarray:
+        self.partial[:] = 0
+        args = (stage, self.x, self.r, self.p, self.v, self.t, self.rtilde, self.dinv, self.phat, self.shat,
+                alpha, beta, omega, first, 1 if self.mode == JACOBI else 0, self.partial)
+        if self.r.size < PARALLEL_MIN:
+            _bicg_passes_seq(*args)
+        else:
+            with PARALLEL_LOCK:
+                _bicg_passes_par(*args)
+        return self.partial.sum(axis=0)
+
+    def direction(self, beta: float, omega: float, first: bool) -> None:
+        self._run(0, beta=beta, omega=omega, first=first)
+
+    def half(self, alpha: float) -> float:
+        return float(self._run(1, alpha=alpha)[0])
+
+    def update(self, alpha: float, omega: float) -> tuple[float, float]:
+        rr, rho = self._run(2, alpha=alpha, omega=omega)
+        return float(rr), float(rho)
+
+
+# ------------------------------------------------------------------ preconditioners
+@njit(nogil=True, cache=True)
+def diagonal(ptr, idx, vals):
+    """The diagonal of a square CSR (repeated entries summed, as the SpMV sums them)."""
+    n = ptr.size - 1
+    d = np.zeros(n, vals.dtype)
+    for i in range(n):
+        for k in range(ptr[i], ptr[i + 1]):
+            if idx[k] == i:
+                d[i] += vals[k]
+    return d
+
+
+@njit(nogil=True, cache=True)
+def ilu0(ptr, idx, vals):
+    """ILU(0) of a CSR with sorted, unrepeated columns in each row: (lu, diag_pos, status).
+    ``lu`` holds L (unit lower, diagonal implied) below and U on and above the diagonal, on A's
+    own pattern; ``diag_pos[i]`` is row i's diagonal entry. ``status``: -1 done, else the first
+    row whose diagonal is missing or whose pivot came out zero (the factor is then unusable)."""
+    n = ptr.size - 1
+    lu = vals.copy()
+    diag_pos = np.full(n, -1, np.int64)
+    where = np.full(n, -1, np.int64)  # column -> position in the current row, -1 outside it
+    for i in range(n):
+        for k in range(ptr[i], ptr[i + 1]):
+            where[idx[k]] = k
+            if idx[k] == i:
+                diag_pos[i] = k
+        for k in range(ptr[i], ptr[i + 1]):
+            j = idx[k]
+            if j >= i:
+                break
+            lu[k] /= lu[diag_pos[j]]
+            factor = lu[k]
+            for m in range(diag_pos[j] + 1, ptr[j + 1]):
+                w = where[idx[m]]
+                if w >= 0:
+                    lu[w] -= factor * lu[m]
+        for k in range(ptr[i], ptr[i + 1]):
+            where[idx[k]] = -1
+        if diag_pos[i] < 0 or lu[diag_pos[i]] == 0:
+            return lu, diag_pos, i
+    return lu, diag_pos, -1
+
+
+@njit(nogil=True, cache=True)
+def ilu0_solve(ptr, idx, lu, diag_pos, r, z):
+    """z = (LU)^-1 r: forward then backward substitution; returns r . z (what cg needs next)."""
+    n = ptr.size - 1
+    for i in range(n):
+        acc = r[i]
+        for k in range(ptr[i], diag_pos[i]):
+            acc -= lu[k] * z[idx[k]]
+        z[i] = acc
+    rz = 0.0
+    for i in range(n - 1, -1, -1):
+        acc = z[i]
+        for k in range(diag_pos[i] + 1, ptr[i + 1]):
+            acc -= lu[k] * z[idx[k]]
+        z[i] = acc / lu[diag_pos[i]]
+        rz += r[i] * z[i]
+    return rz
+
+
+def warm_up() -> None:
+    for dtype in (np.float64, np.float32):
+        for index in (np.int32, np.int64):
+            ptr = np.array([0, 2, 4], index)
+            idx = np.array([0, 1, 0, 1], index)
+            vals = np.array([4, 1, 1, 3], dtype)
+            a = Csr(ptr, idx, vals)
+            x, y = np.ones(2, dtype), np.empty(2, dtype)
+            spmv_dot(a, x, y)
+            spmv_into(a, x, y)
+            bounds = np.array([0, 2], np.int64)
+            _spmv_dot_par(a.ptr, a.idx, a.vals, frozen(x), y, bounds, np.zeros(1))
+            spmv_par(a.ptr, a.idx, a.vals, frozen(x), y, bounds)
+            d = diagonal(a.ptr, a.idx, a.vals)
+            lu, diag_pos, _ = ilu0(a.ptr, a.idx, a.vals)
+            ilu0_solve(a.ptr, a.idx, frozen(lu), frozen(diag_pos), x, y)
+        r, p, q = np.ones(2, dtype), np.ones(2, dtype), np.ones(2, dtype)
+        partial = np.zeros((1, 2))
+        for mode in (NONE, JACOBI, GIVEN):
+            _cg_update_seq(x, r, p, q, d, 0.5, mode, partial)
+            _cg_direction_range(p, r, d, 0.5, mode, 0, 2)
+        _cg_update_par(x, r, p, q, d, 0.5, NONE, partial)
+        _cg_direction_par(p, r, d, 0.5, NONE)
+        for mode in (NONE, JACOBI, GIVEN):
+            vectors = BicgVectors(x.copy(), r.copy(), mode, d if mode == JACOBI else np.zeros(0, dtype))
+            vectors.direction(0.5, 0.5, True)
+            vectors.half(0.5)
+            vectors.update(0.5, 0.5)
+            args = (0, vectors.x, vectors.r, vectors.p, vectors.v, vectors.t, vectors.rtilde, vectors.dinv,
+                    vectors.phat, vectors.shat, 0.5, 0.5, 0.5, True, 0, vectors.partial)
+            _bicg_passes_par(*args)
+        spmv_dots(a, x, y, r)
+        _spmv_dots_par(a.ptr, a.idx, a.vals, frozen(x), y, r, np.array([0, 2], np.int64), np.zeros((1, 2)))
