@@ -23,8 +23,8 @@ from ._ops import AsyncClientOps, ClientOps
 from ._pipeline import Pipeline
 from ._progress import Progress, reporter
 from ._remote import RemoteTensor
-from ._transport import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_ABOVE_BYTES, AsyncTransport, Outputs, Settings,
-                         Stored, Transport)
+from ._transport import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_ABOVE_BYTES, AsyncTransport, OnProgress, Outputs,
+                         Settings, Stored, Transport)
 from ._transport_grpc import AsyncGrpcTransport, GrpcTransport
 from ._transport_rest import AsyncRestTransport, RestTransport
 from .core.codec import DEFAULT_CHUNK_BYTES
@@ -70,6 +70,14 @@ def _counting(progress: Progress | None) -> tuple:
     return () if progress is None else (progress,)
 
 
+def _check_progress(progress: Any) -> None:
+    """``progress=`` of an op call: a callable (``put``'s True, a tqdm bar, means nothing for an
+    op's iterations)."""
+    if not callable(progress):
+        raise TypeError(f"progress must be a callable taking a report dict (op, iteration, residual_norm), "
+                        f"not {type(progress).__name__}")
+
+
 def _handle_of(h: HandleRef | str) -> str:
     return h.handle if isinstance(h, HandleRef) else str(h)
 
@@ -82,7 +90,7 @@ def _declared_as(fn, entry: dict) -> bool:
         params = list(inspect.signature(fn).parameters.values())[1:]
         args = fn._sparseserve_args = [(p.name, p.default is inspect.Parameter.empty,
                                         None if p.default is inspect.Parameter.empty else p.default)
-                                       for p in params if p.name not in ("keep", "request_id")]
+                                       for p in params if p.name not in ("keep", "request_id", "progress")]
     try:
         return args == [(a["name"], a["required"], a["default"]) for a in entry["args"]]
     except (ValueError, TypeError):  # a default numpy will not compare to a bool
@@ -173,6 +181,8 @@ class _Base:
                   for a in op["args"]]
         params.append(inspect.Parameter("keep", inspect.Parameter.KEYWORD_ONLY, default=False))
         params.append(inspect.Parameter("request_id", inspect.Parameter.KEYWORD_ONLY, default=None))
+        if op.get("iterative"):  # as the generated methods: only ops that report progress say so
+            params.append(inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None))
         fn.__signature__ = inspect.Signature(params)
         return fn
 
@@ -233,10 +243,17 @@ class Client(_Base, ClientOps):
             return self._set_catalogue(*self._transport.list_ops())
         return self._catalogue
 
-    def call(self, op: str, *args: Any, keep: bool = False, request_id: str | None = None, **kwargs: Any) -> Any:
+    def call(self, op: str, *args: Any, keep: bool = False, request_id: str | None = None,
+             progress: OnProgress | None = None, **kwargs: Any) -> Any:
         """Run any op by name; several outputs come back as a tuple in declared order.
-        ``request_id``: the id the server logs this call under (default: a fresh one)."""
+        ``request_id``: the id the server logs this call under (default: a fresh one).
+        ``progress``: called with each progress report of an iterative op (a dict: ``op``,
+        ``iteration``, ``residual_norm``) while it runs, at most every 50 ms and for its last
+        iteration; gRPC only (docs/sdk.md, "Progress of long ops")."""
         named = self._bind(op, args, kwargs, self.list_ops() if args else self._catalogue)
+        if progress is not None:
+            _check_progress(progress)
+            return self._shape_result(self._transport.execute_watched(op, named, keep, request_id, progress))
         return self._shape_result(self._transport.execute(op, named, keep, request_id))
 
     def pipeline(self) -> Pipeline:
@@ -248,8 +265,8 @@ class Client(_Base, ClientOps):
 
     def __getattr__(self, name: str):
         op = self._op_attr(name, self.list_ops() if not name.startswith("_") else {})
-        return self._method(op, lambda *a, keep=False, request_id=None, **k:
-                            self.call(name, *a, keep=keep, request_id=request_id, **k))
+        return self._method(op, lambda *a, keep=False, request_id=None, progress=None, **k:
+                            self.call(name, *a, keep=keep, request_id=request_id, progress=progress, **k))
 
     def put(self, tensor: Any, *, shared_memory: bool = False, partitions: int = 0,
             progress: Any = None) -> RemoteTensor:
@@ -301,8 +318,12 @@ class AsyncClient(_Base, AsyncClientOps):
         return self._catalogue
 
     async def call(self, op: str, *args: Any, keep: bool = False, request_id: str | None = None,
-                   **kwargs: Any) -> Any:
+                   progress: OnProgress | None = None, **kwargs: Any) -> Any:
+        """As ``Client.call``; ``progress`` may also be a coroutine function (each report awaited)."""
         named = self._bind(op, args, kwargs, (await self.list_ops()) if args else self._catalogue)
+        if progress is not None:
+            _check_progress(progress)
+            return self._shape_result(await self._transport.execute_watched(op, named, keep, request_id, progress))
         return self._shape_result(await self._transport.execute(op, named, keep, request_id))
 
     def pipeline(self) -> Pipeline:
@@ -320,8 +341,8 @@ class AsyncClient(_Base, AsyncClientOps):
                                  "makes the server's ops methods, or use `await client.call(name, ...)`")
         op = self._op_attr(name, self._catalogue or {})
 
-        async def method(*a, keep=False, request_id=None, **k):
-            return await self.call(name, *a, keep=keep, request_id=request_id, **k)
+        async def method(*a, keep=False, request_id=None, progress=None, **k):
+            return await self.call(name, *a, keep=keep, request_id=request_id, progress=progress, **k)
 
         return self._method(op, method)
 

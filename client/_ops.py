@@ -148,6 +148,51 @@ class ClientOps:
                          **_changed(beta=(beta, 1), alpha=(alpha, 1)))
 
     @_op
+    def bicgstab(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+                 rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+                 preconditioner: str = 'none', *, keep: bool = False, request_id: str | None = None,
+                 progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
+        kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
+        maxiter 10 n, and its breakdown codes (info -10, -11); an iteration converging halfway counts.
+        a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return self.call("bicgstab", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
+                         **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                    maxiter=(maxiter, None),
+                                    preconditioner=(preconditioner, 'none')))
+
+    @_op
     def bincount(self, values: TensorLike, weights: TensorLike | None = None, axis: int = 0,
                  minlength: int | None = None, maxlength: int | None = None,
                  binary_output: bool = False, *, keep: bool = False,
@@ -184,6 +229,51 @@ class ClientOps:
                          **_changed(weights=(weights, None), axis=(axis, 0),
                                     minlength=(minlength, None), maxlength=(maxlength, None),
                                     binary_output=(binary_output, False)))
+
+    @_op
+    def cg(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None, rtol: float = 1e-05,
+           atol: float = 0.0, maxiter: int | None = None, preconditioner: str = 'none', *,
+           keep: bool = False, request_id: str | None = None,
+           progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
+        norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked before each iteration, as
+        scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
+        Each iteration is one parallel SpMV and fused vector passes. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return self.call("cg", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
+                         **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                    maxiter=(maxiter, None),
+                                    preconditioner=(preconditioner, 'none')))
 
     @_op
     def coalesce(self, sp_input: TensorLike, *, keep: bool = False,
@@ -296,6 +386,39 @@ class ClientOps:
         return self.call("div", sp_input=sp_input, dense=dense, keep=keep, request_id=request_id)
 
     @_op
+    def eigsh(self, a: TensorLike, k: int = 6, which: str = 'LM', sigma: float | None = None,
+              tol: float = 0.0, *, keep: bool = False, request_id: str | None = None,
+              progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor]:
+        """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix
+        (scipy.sparse.linalg.eigsh: ARPACK's implicitly restarted Lanczos, with our parallel SpMV as the operator).
+        which: LM/SM (largest/smallest magnitude), LA/SA (largest/smallest algebraic), BE (both ends).
+        With sigma, shift-invert mode: the eigenvalues nearest sigma, through a SuperLU factorization of a - sigma I.
+        a is float32, float64, complex64 or complex128 (one 2-D matrix, any sparse layout); 1 <= k < n.
+        A matrix that is not symmetric (Hermitian) beyond rounding is refused (NOT_HERMITIAN). ARPACK that does not
+        converge is INTERNAL with scipy's message. Iterative: bounded by the caller's deadline, checked at every
+        matrix product.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The symmetric (Hermitian) matrix [n, n].
+            k (int; default 6): How many eigenvalues (1 <= k < n).
+            which (string; default 'LM'): Which k: LM, SM, LA, SA or BE (of the shifted problem with sigma).
+            sigma (float; default None): Shift for shift-invert mode (finite); none: plain mode.
+            tol (float; default 0.0): Relative accuracy of the eigenvalues (0: machine precision).
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            w (dense): The k eigenvalues [k], ascending (real).
+            v (dense): Their eigenvectors as columns [n, k] (unit norm; each up to sign/phase).
+        """
+        return self.call("eigsh", a=a, keep=keep, request_id=request_id, progress=progress,
+                         **_changed(k=(k, 6), which=(which, 'LM'), sigma=(sigma, None),
+                                    tol=(tol, 0.0)))
+
+    @_op
     def expand_dims(self, sp_input: TensorLike, axis: int, *, keep: bool = False,
                     request_id: str | None = None) -> Tensor:
         """Inserts a dimension of size 1 at axis (tf.sparse.expand_dims). axis is in
@@ -339,6 +462,26 @@ class ClientOps:
         """
         return self.call("eye", num_rows=num_rows, keep=keep, request_id=request_id,
                          **_changed(num_columns=(num_columns, None), dtype=(dtype, 'float32')))
+
+    @_op
+    def factorize(self, a: TensorLike, *, keep: bool = False,
+                  request_id: str | None = None) -> list[Tensor]:
+        """The sparse LU factorization of a square matrix (SuperLU, scipy.sparse.linalg.splu) as a list of four
+        tensors [L, U, perm_r, perm_c] with Pr @ a @ Pc = L @ U (L unit lower triangular CSR, U upper triangular
+        CSR, perm_r and perm_c int64 permutations, as scipy's SuperLU object defines them). Call it with keep=true
+        and pass the four handles to solve as factor: the factor stays on the server, counts against the store's
+        budget (its L and U bytes), belongs to its tenant and goes with delete (each of the four handles). Without
+        keep, the four tensors come back. Same dtypes and SINGULAR refusal as spsolve.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square matrix [n, n].
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            factor (tensor_list: a list): [L, U, perm_r, perm_c].
+        """
+        return self.call("factorize", a=a, keep=keep, request_id=request_id)
 
     @_op
     def fill_empty_rows(self, sp_input: TensorLike, default_value: Scalar, *, keep: bool = False,
@@ -387,6 +530,52 @@ class ClientOps:
         """
         return self.call("from_dense", tensor=tensor, keep=keep, request_id=request_id,
                          **_changed(sparse_dim=(sparse_dim, None)))
+
+    @_op
+    def gmres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None, rtol: float = 1e-05,
+              atol: float = 0.0, maxiter: int | None = None, preconditioner: str = 'none',
+              restart: int = 20, *, keep: bool = False, request_id: str | None = None,
+              progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Restarted GMRES for a general square A (scipy.sparse.linalg.gmres with callback_type
+        'pr_norm', its driver run over our SpMV and preconditioner): maxiter counts restart cycles, as
+        scipy's (null: 10 n); iterations counts inner iterations; info is maxiter when not converged.
+        a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            restart (int; default 20): Inner iterations between restarts.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return self.call("gmres", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
+                         **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                    maxiter=(maxiter, None),
+                                    preconditioner=(preconditioner, 'none'), restart=(restart, 20)))
 
     @_op
     def hspmm(self, mat1: TensorLike, mat2: TensorLike, *, keep: bool = False,
@@ -592,6 +781,51 @@ class ClientOps:
             output (sparse): Coalesced COO over the union of the entries.
         """
         return self.call("minimum", sp_a=sp_a, sp_b=sp_b, keep=keep, request_id=request_id)
+
+    @_op
+    def minres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+               rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+               preconditioner: str = 'none', *, keep: bool = False, request_id: str | None = None,
+               progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """MINRES for a symmetric (possibly indefinite) A (scipy.sparse.linalg.minres, its driver run
+        over our SpMV and preconditioner, which must be symmetric positive definite for the method's
+        guarantees): scipy's own stopping rule on rtol (scipy's minres has no atol: a nonzero atol is
+        INVALID_ARGUMENT), maxiter 5 n by default as scipy. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Must be 0: scipy's minres has no absolute tolerance.
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return self.call("minres", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
+                         **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                    maxiter=(maxiter, None),
+                                    preconditioner=(preconditioner, 'none')))
 
     @_op
     def mm(self, mat1: TensorLike, mat2: TensorLike, reduce: str = 'sum', *, keep: bool = False,
@@ -1026,6 +1260,26 @@ class ClientOps:
                          **_changed(axis=(axis, -1)))
 
     @_op
+    def solve(self, factor: Sequence[TensorLike], b: TensorLike, *, keep: bool = False,
+              request_id: str | None = None) -> Tensor:
+        """x with a @ x = b from a factorization that factorize made (kept: pass its four handles as factor): two
+        sparse triangular solves (scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
+        vector [n] or block [n, k] of the factor's dtype. A factor that is not factorize's shape (four tensors:
+        triangular L and U of one order, two permutations) is INVALID_ARGUMENT (BAD_FACTOR).
+
+        Arguments:
+            factor (tensors; layouts coo, csr, csc, bsr, bsc, dense): factorize's [L, U, perm_r, perm_c]
+                (handles).
+            b (tensor; layouts dense): Right-hand side [n] or block of them [n, k].
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            x (dense): The solution, b's shape.
+        """
+        return self.call("solve", factor=factor, b=b, keep=keep, request_id=request_id)
+
+    @_op
     def sparse_mask(self, input: TensorLike, mask: TensorLike, *, keep: bool = False,
                     request_id: str | None = None) -> Tensor:
         """The values of a dense tensor at the entries of a sparse mask (Tensor.sparse_mask).
@@ -1133,6 +1387,52 @@ class ClientOps:
         """
         return self.call("split", sp_input=sp_input, num_split=num_split, axis=axis, keep=keep,
                          request_id=request_id)
+
+    @_op
+    def spsolve(self, a: TensorLike, b: TensorLike, *, keep: bool = False,
+                request_id: str | None = None) -> Tensor:
+        """x with a @ x = b by a direct sparse LU (SuperLU through scipy.sparse.linalg.splu, COLAMD ordering).
+        a is a square float32, float64, complex64 or complex128 matrix in any sparse layout; b a finite dense vector
+        [n] or block [n, k] of a's dtype. A singular a is INVALID_ARGUMENT (SINGULAR). To solve with the same a many
+        times, factorize it once and call solve.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square matrix [n, n].
+            b (tensor; layouts dense): Right-hand side [n] or block of them [n, k].
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            x (dense): The solution, b's shape.
+        """
+        return self.call("spsolve", a=a, b=b, keep=keep, request_id=request_id)
+
+    @_op
+    def svds(self, a: TensorLike, k: int = 6, which: str = 'LM', *, keep: bool = False,
+             request_id: str | None = None,
+             progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds with ARPACK, our parallel
+        SpMV for a @ x and a^H @ x). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or
+        complex128 [m, n], any sparse layout; 1 <= k < min(m, n). Outputs as scipy returns them: s ascending.
+        Iterative: bounded by the caller's deadline, checked at every matrix product.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The matrix [m, n].
+            k (int; default 6): How many singular values (1 <= k < min(m, n)).
+            which (string; default 'LM'): LM (largest) or SM (smallest).
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            u (dense): Left singular vectors as columns [m, k].
+            s (dense): The k singular values [k], ascending.
+            vt (dense): Right singular vectors as rows [k, n].
+        """
+        return self.call("svds", a=a, keep=keep, request_id=request_id, progress=progress,
+                         **_changed(k=(k, 6), which=(which, 'LM')))
 
     @_op
     def to_dense(self, sp_input: TensorLike, default_value: Scalar = 0,
@@ -1312,6 +1612,53 @@ class AsyncClientOps:
                                **_changed(beta=(beta, 1), alpha=(alpha, 1)))
 
     @_op
+    async def bicgstab(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+                       rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+                       preconditioner: str = 'none', *, keep: bool = False,
+                       request_id: str | None = None,
+                       progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
+        kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
+        maxiter 10 n, and its breakdown codes (info -10, -11); an iteration converging halfway counts.
+        a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return await self.call("bicgstab", a=a, b=b, keep=keep, request_id=request_id,
+                               progress=progress,
+                               **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                          maxiter=(maxiter, None),
+                                          preconditioner=(preconditioner, 'none')))
+
+    @_op
     async def bincount(self, values: TensorLike, weights: TensorLike | None = None, axis: int = 0,
                        minlength: int | None = None, maxlength: int | None = None,
                        binary_output: bool = False, *, keep: bool = False,
@@ -1348,6 +1695,51 @@ class AsyncClientOps:
                                **_changed(weights=(weights, None), axis=(axis, 0),
                                           minlength=(minlength, None), maxlength=(maxlength, None),
                                           binary_output=(binary_output, False)))
+
+    @_op
+    async def cg(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+                 rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+                 preconditioner: str = 'none', *, keep: bool = False, request_id: str | None = None,
+                 progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
+        norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked before each iteration, as
+        scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
+        Each iteration is one parallel SpMV and fused vector passes. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return await self.call("cg", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
+                               **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                          maxiter=(maxiter, None),
+                                          preconditioner=(preconditioner, 'none')))
 
     @_op
     async def coalesce(self, sp_input: TensorLike, *, keep: bool = False,
@@ -1462,6 +1854,39 @@ class AsyncClientOps:
                                request_id=request_id)
 
     @_op
+    async def eigsh(self, a: TensorLike, k: int = 6, which: str = 'LM', sigma: float | None = None,
+                    tol: float = 0.0, *, keep: bool = False, request_id: str | None = None,
+                    progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor]:
+        """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix
+        (scipy.sparse.linalg.eigsh: ARPACK's implicitly restarted Lanczos, with our parallel SpMV as the operator).
+        which: LM/SM (largest/smallest magnitude), LA/SA (largest/smallest algebraic), BE (both ends).
+        With sigma, shift-invert mode: the eigenvalues nearest sigma, through a SuperLU factorization of a - sigma I.
+        a is float32, float64, complex64 or complex128 (one 2-D matrix, any sparse layout); 1 <= k < n.
+        A matrix that is not symmetric (Hermitian) beyond rounding is refused (NOT_HERMITIAN). ARPACK that does not
+        converge is INTERNAL with scipy's message. Iterative: bounded by the caller's deadline, checked at every
+        matrix product.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The symmetric (Hermitian) matrix [n, n].
+            k (int; default 6): How many eigenvalues (1 <= k < n).
+            which (string; default 'LM'): Which k: LM, SM, LA, SA or BE (of the shifted problem with sigma).
+            sigma (float; default None): Shift for shift-invert mode (finite); none: plain mode.
+            tol (float; default 0.0): Relative accuracy of the eigenvalues (0: machine precision).
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            w (dense): The k eigenvalues [k], ascending (real).
+            v (dense): Their eigenvectors as columns [n, k] (unit norm; each up to sign/phase).
+        """
+        return await self.call("eigsh", a=a, keep=keep, request_id=request_id, progress=progress,
+                               **_changed(k=(k, 6), which=(which, 'LM'), sigma=(sigma, None),
+                                          tol=(tol, 0.0)))
+
+    @_op
     async def expand_dims(self, sp_input: TensorLike, axis: int, *, keep: bool = False,
                           request_id: str | None = None) -> Tensor:
         """Inserts a dimension of size 1 at axis (tf.sparse.expand_dims). axis is in
@@ -1506,6 +1931,26 @@ class AsyncClientOps:
         return await self.call("eye", num_rows=num_rows, keep=keep, request_id=request_id,
                                **_changed(num_columns=(num_columns, None),
                                           dtype=(dtype, 'float32')))
+
+    @_op
+    async def factorize(self, a: TensorLike, *, keep: bool = False,
+                        request_id: str | None = None) -> list[Tensor]:
+        """The sparse LU factorization of a square matrix (SuperLU, scipy.sparse.linalg.splu) as a list of four
+        tensors [L, U, perm_r, perm_c] with Pr @ a @ Pc = L @ U (L unit lower triangular CSR, U upper triangular
+        CSR, perm_r and perm_c int64 permutations, as scipy's SuperLU object defines them). Call it with keep=true
+        and pass the four handles to solve as factor: the factor stays on the server, counts against the store's
+        budget (its L and U bytes), belongs to its tenant and goes with delete (each of the four handles). Without
+        keep, the four tensors come back. Same dtypes and SINGULAR refusal as spsolve.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square matrix [n, n].
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            factor (tensor_list: a list): [L, U, perm_r, perm_c].
+        """
+        return await self.call("factorize", a=a, keep=keep, request_id=request_id)
 
     @_op
     async def fill_empty_rows(self, sp_input: TensorLike, default_value: Scalar, *,
@@ -1555,6 +2000,55 @@ class AsyncClientOps:
         """
         return await self.call("from_dense", tensor=tensor, keep=keep, request_id=request_id,
                                **_changed(sparse_dim=(sparse_dim, None)))
+
+    @_op
+    async def gmres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+                    rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+                    preconditioner: str = 'none', restart: int = 20, *, keep: bool = False,
+                    request_id: str | None = None,
+                    progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Restarted GMRES for a general square A (scipy.sparse.linalg.gmres with callback_type
+        'pr_norm', its driver run over our SpMV and preconditioner): maxiter counts restart cycles, as
+        scipy's (null: 10 n); iterations counts inner iterations; info is maxiter when not converged.
+        a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            restart (int; default 20): Inner iterations between restarts.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return await self.call("gmres", a=a, b=b, keep=keep, request_id=request_id,
+                               progress=progress,
+                               **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                          maxiter=(maxiter, None),
+                                          preconditioner=(preconditioner, 'none'),
+                                          restart=(restart, 20)))
 
     @_op
     async def hspmm(self, mat1: TensorLike, mat2: TensorLike, *, keep: bool = False,
@@ -1763,6 +2257,53 @@ class AsyncClientOps:
             output (sparse): Coalesced COO over the union of the entries.
         """
         return await self.call("minimum", sp_a=sp_a, sp_b=sp_b, keep=keep, request_id=request_id)
+
+    @_op
+    async def minres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+                     rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+                     preconditioner: str = 'none', *, keep: bool = False,
+                     request_id: str | None = None,
+                     progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """MINRES for a symmetric (possibly indefinite) A (scipy.sparse.linalg.minres, its driver run
+        over our SpMV and preconditioner, which must be symmetric positive definite for the method's
+        guarantees): scipy's own stopping rule on rtol (scipy's minres has no atol: a nonzero atol is
+        INVALID_ARGUMENT), maxiter 5 n by default as scipy. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
+        iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
+        by default). Real values only: float32 stays float32 when a and b are both float32, every other real
+        dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
+        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
+        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
+        residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
+        or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
+        checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance.
+            atol (float; default 0.0): Must be 0: scipy's minres has no absolute tolerance.
+            maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
+            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return await self.call("minres", a=a, b=b, keep=keep, request_id=request_id,
+                               progress=progress,
+                               **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                          maxiter=(maxiter, None),
+                                          preconditioner=(preconditioner, 'none')))
 
     @_op
     async def mm(self, mat1: TensorLike, mat2: TensorLike, reduce: str = 'sum', *,
@@ -2199,6 +2740,26 @@ class AsyncClientOps:
                                **_changed(axis=(axis, -1)))
 
     @_op
+    async def solve(self, factor: Sequence[TensorLike], b: TensorLike, *, keep: bool = False,
+                    request_id: str | None = None) -> Tensor:
+        """x with a @ x = b from a factorization that factorize made (kept: pass its four handles as factor): two
+        sparse triangular solves (scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
+        vector [n] or block [n, k] of the factor's dtype. A factor that is not factorize's shape (four tensors:
+        triangular L and U of one order, two permutations) is INVALID_ARGUMENT (BAD_FACTOR).
+
+        Arguments:
+            factor (tensors; layouts coo, csr, csc, bsr, bsc, dense): factorize's [L, U, perm_r, perm_c]
+                (handles).
+            b (tensor; layouts dense): Right-hand side [n] or block of them [n, k].
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            x (dense): The solution, b's shape.
+        """
+        return await self.call("solve", factor=factor, b=b, keep=keep, request_id=request_id)
+
+    @_op
     async def sparse_mask(self, input: TensorLike, mask: TensorLike, *, keep: bool = False,
                           request_id: str | None = None) -> Tensor:
         """The values of a dense tensor at the entries of a sparse mask (Tensor.sparse_mask).
@@ -2307,6 +2868,52 @@ class AsyncClientOps:
         """
         return await self.call("split", sp_input=sp_input, num_split=num_split, axis=axis,
                                keep=keep, request_id=request_id)
+
+    @_op
+    async def spsolve(self, a: TensorLike, b: TensorLike, *, keep: bool = False,
+                      request_id: str | None = None) -> Tensor:
+        """x with a @ x = b by a direct sparse LU (SuperLU through scipy.sparse.linalg.splu, COLAMD ordering).
+        a is a square float32, float64, complex64 or complex128 matrix in any sparse layout; b a finite dense vector
+        [n] or block [n, k] of a's dtype. A singular a is INVALID_ARGUMENT (SINGULAR). To solve with the same a many
+        times, factorize it once and call solve.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square matrix [n, n].
+            b (tensor; layouts dense): Right-hand side [n] or block of them [n, k].
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            x (dense): The solution, b's shape.
+        """
+        return await self.call("spsolve", a=a, b=b, keep=keep, request_id=request_id)
+
+    @_op
+    async def svds(self, a: TensorLike, k: int = 6, which: str = 'LM', *, keep: bool = False,
+                   request_id: str | None = None,
+                   progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds with ARPACK, our parallel
+        SpMV for a @ x and a^H @ x). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or
+        complex128 [m, n], any sparse layout; 1 <= k < min(m, n). Outputs as scipy returns them: s ascending.
+        Iterative: bounded by the caller's deadline, checked at every matrix product.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The matrix [m, n].
+            k (int; default 6): How many singular values (1 <= k < min(m, n)).
+            which (string; default 'LM'): LM (largest) or SM (smallest).
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            u (dense): Left singular vectors as columns [m, k].
+            s (dense): The k singular values [k], ascending.
+            vt (dense): Right singular vectors as rows [k, n].
+        """
+        return await self.call("svds", a=a, keep=keep, request_id=request_id, progress=progress,
+                               **_changed(k=(k, 6), which=(which, 'LM')))
 
     @_op
     async def to_dense(self, sp_input: TensorLike, default_value: Scalar = 0,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ssl
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, Callable, NamedTuple, TypeAlias
 
 import numpy as np
 
@@ -23,7 +23,8 @@ from .core.errors import UnimplementedError
 from .core.tensor import SparseTensor
 
 __all__ = ["Settings", "Stored", "Transport", "AsyncTransport", "Catalogue", "Outputs", "Tensor", "Step",
-           "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_STREAM_ABOVE_BYTES", "shared_memory_refused"]
+           "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_STREAM_ABOVE_BYTES", "shared_memory_refused", "OnProgress",
+           "progress_refused"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
 # Over gRPC, a call whose request passes this size goes by ExecuteStream: one 16 MB unary
@@ -39,6 +40,8 @@ Outputs: TypeAlias = list[tuple[str, Any]]
 Tensor: TypeAlias = SparseTensor | np.ndarray
 # A pipeline step: (name, op, arguments).
 Step: TypeAlias = tuple[str, str, dict[str, Any]]
+# What an iterative op's progress reports go to: each a dict (op, iteration, residual_norm).
+OnProgress: TypeAlias = Callable[[dict[str, Any]], Any]
 
 
 class Stored(NamedTuple):
@@ -136,8 +139,17 @@ def shared_memory_refused(target: str) -> UnimplementedError:
         reason="SHARED_MEMORY_NEEDS_GRPC")
 
 
+def progress_refused(target: str) -> UnimplementedError:
+    """The error of ``progress=`` on an op call over a wire without a progress stream."""
+    return UnimplementedError(
+        f"progress= on an op call needs the gRPC wire (a host:port target: its ExecuteWithProgress "
+        f"stream); {target} speaks REST", reason="PROGRESS_NEEDS_GRPC")
+
+
 class Transport(ABC):
     """One wire, blocking. Every method may raise a ``SparseServeError``."""
+
+    settings: Settings
 
     @abstractmethod
     def list_ops(self) -> Catalogue:
@@ -146,6 +158,12 @@ class Transport(ABC):
     @abstractmethod
     def execute(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None) -> Outputs:
         """Run one op; ``request_id``: the caller's id for the call, or None for the server's."""
+
+    def execute_watched(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None,
+                        on_progress: OnProgress) -> Outputs:
+        """``execute``, calling ``on_progress`` with each progress report of an iterative op as it
+        arrives (a wire without a progress stream refuses: ``progress_refused``)."""
+        raise progress_refused(self.settings.target)
 
     @abstractmethod
     def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
@@ -180,11 +198,18 @@ class Transport(ABC):
 class AsyncTransport(ABC):
     """``Transport``'s methods, awaited."""
 
+    settings: Settings
+
     @abstractmethod
     async def list_ops(self) -> Catalogue: ...
 
     @abstractmethod
     async def execute(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None) -> Outputs: ...
+
+    async def execute_watched(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None,
+                              on_progress: OnProgress) -> Outputs:
+        """As ``Transport.execute_watched``; ``on_progress`` may also return an awaitable, awaited."""
+        raise progress_refused(self.settings.target)
 
     @abstractmethod
     async def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs: ...

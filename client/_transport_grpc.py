@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from types import ModuleType, SimpleNamespace
 from typing import Any, Iterator, cast
 
@@ -21,11 +22,13 @@ import grpc.aio
 
 from . import _shm, _wire
 from ._tracecontext import trace_headers
-from ._transport import AsyncTransport, Catalogue, Outputs, Settings, Step, Stored, Tensor, Transport
+from ._transport import AsyncTransport, Catalogue, OnProgress, Outputs, Settings, Step, Stored, Tensor, Transport
 from ._progress import Progress, upload_frames
 from ._progress import assemble as assemble_counted
 from .core.codec import ChunkAssembler, assemble
-from .core.frames import MessageAssembler, assemble_message, execute_request_pieces, message_frames, outputs_from_bytes
+from .core.frames import (MessageAssembler, assemble_message, execute_request_bytes, execute_request_pieces,
+                          message_frames, outputs_from_bytes, progress_message_from_bytes)
+from .core.errors import InternalError
 from .core.wire import GRPC_WINDOW_OPTIONS, REQUEST_ID_KEY, pipeline_request
 from .v1 import sparseserve_pb2 as pb
 from .v1 import sparseserve_pb2_grpc as pb_grpc
@@ -47,6 +50,8 @@ def _raw_methods(channel: Any) -> SimpleNamespace:
         execute=channel.unary_unary(f"{service}/Execute", request_serializer=None, response_deserializer=None),
         execute_stream=channel.stream_stream(f"{service}/ExecuteStream", request_serializer=None,
                                              response_deserializer=None),
+        execute_with_progress=channel.unary_stream(f"{service}/ExecuteWithProgress", request_serializer=None,
+                                                   response_deserializer=None),
         execute_pipeline=channel.unary_unary(f"{service}/ExecutePipeline",
                                              request_serializer=pb.PipelineRequest.SerializeToString,
                                              response_deserializer=None))
@@ -59,6 +64,12 @@ def _sdk_errors(request_id: str | None) -> Iterator[None]:
         yield
     except grpc.RpcError as exc:
         raise _wire.grpc_error(exc, request_id) from None
+
+
+def _no_answer(request_id: str | None) -> InternalError:
+    """A progress stream that ended with no answer and no error: a server bug, said as one."""
+    return InternalError("the server ended the ExecuteWithProgress stream without an answer",
+                         reason="NO_ANSWER", request_id=_wire.new_request_id(request_id))
 
 
 class _Channel:
@@ -123,6 +134,24 @@ class GrpcTransport(_Channel, Transport):
                                               metadata=self._metadata_with(request_id))
             return outputs_from_bytes(cast(bytes, assemble_message(frames, "reply")))  # a view reads as well
 
+    def execute_watched(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None,
+                        on_progress: OnProgress) -> Outputs:
+        # The request goes as one message (no framed variant): hold big matrices by handle.
+        with _sdk_errors(request_id):
+            call = self._raw.execute_with_progress(execute_request_bytes(op, args, keep),
+                                                   timeout=self.settings.timeout,
+                                                   metadata=self._metadata_with(request_id))
+            try:
+                for message in call:
+                    got = progress_message_from_bytes(message)
+                    if isinstance(got, list):  # the answer
+                        return got
+                    on_progress(got)
+            except BaseException:  # the callback failed, or Ctrl-C: the server abandons the work
+                call.cancel()
+                raise
+        raise _no_answer(request_id)
+
     def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
         return outputs_from_bytes(self._unary(self._raw.execute_pipeline, pipeline_request(steps, outputs, keep)))
 
@@ -179,6 +208,25 @@ class AsyncGrpcTransport(_Channel, AsyncTransport):
                                                         metadata=self._metadata_with(request_id)):
                 assembler.add(frame)
         return outputs_from_bytes(cast(bytes, assembler.finish()))  # a view reads as well
+
+    async def execute_watched(self, op: str, args: dict[str, Any], keep: bool, request_id: str | None,
+                              on_progress: OnProgress) -> Outputs:
+        with _sdk_errors(request_id):
+            call = self._raw.execute_with_progress(execute_request_bytes(op, args, keep),
+                                                   timeout=self.settings.timeout,
+                                                   metadata=self._metadata_with(request_id))
+            try:
+                async for message in call:
+                    got = progress_message_from_bytes(message)
+                    if isinstance(got, list):  # the answer
+                        return got
+                    answer = on_progress(got)
+                    if inspect.isawaitable(answer):
+                        await answer
+            except BaseException:  # the callback failed, or the task was cancelled: the server abandons the work
+                call.cancel()
+                raise
+        raise _no_answer(request_id)
 
     async def run_pipeline(self, steps: list[Step], outputs: list[str], keep: bool) -> Outputs:
         return outputs_from_bytes(await self._unary(self._raw.execute_pipeline,

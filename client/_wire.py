@@ -36,6 +36,7 @@ def catalogue_from_pb(resp: pb.ListOpsResponse) -> tuple[str, list[dict[str, Any
                       "default": value_from_pb(a.default, a.name) if a.HasField("default") else None,
                       "layouts": list(a.layouts)} for a in op.args],
             "outputs": [{"name": o.name, "type": o.type, "doc": o.doc} for o in op.outputs],
+            "iterative": op.iterative,
         })
     return resp.device, ops
 

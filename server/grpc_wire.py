@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, AsyncIterator, TypeVar
 
 import grpc
@@ -14,7 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sparseserve.core.codec import ChunkAssembler, iter_chunks, value_to_pb
 from sparseserve.core.frames import (MessageAssembler, execute_request_from_bytes, message_frames, outputs_pieces,
-                                outputs_to_bytes)
+                                outputs_to_bytes, progress_result_bytes)
 from sparseserve.core.wire import GRPC_WINDOW_OPTIONS
 from sparseserve.core.wire import PARTITIONS_KEY, REQUEST_ID_KEY, pipeline_from_pb
 from sparseserve.core.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, InternalError, SparseServeError
@@ -23,7 +24,7 @@ from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
 from . import tracing
 from .buffers import arriving
-from .limits import deadline_from_remaining, seconds_left
+from .limits import deadline_from_remaining, progress_sink, seconds_left
 from .metrics import Metrics, RequestInfo, count_sent, current
 from .service import Service, partitions_from_text
 from .store import STORE_LIMIT, STORE_REASON
@@ -46,7 +47,8 @@ def catalogue_to_pb(catalogue: list[dict[str, Any]], device: str) -> pb.ListOpsR
                 arg.default.CopyFrom(value_to_pb(a["default"]))
             args.append(arg)
         ops.append(pb.OpDef(name=entry["name"], doc=entry["doc"], args=args,
-                            outputs=[pb.OutputDef(**o) for o in entry["outputs"]]))
+                            outputs=[pb.OutputDef(**o) for o in entry["outputs"]],
+                            iterative=entry.get("iterative", False)))
     return pb.ListOpsResponse(ops=ops, device=device)
 
 
@@ -119,6 +121,51 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
             await context.write(frame)
             count_sent(len(frame))
 
+    async def ExecuteWithProgress(self, request: bytes, context):
+        """Execute, with an iterative op's progress streamed before its answer (``_Watch``). A
+        caller that cancels the call abandons the work: the kernel thread stops at its next
+        iteration rather than running on for nobody."""
+        tenant = _tenant(self.service, context)
+        op, args, keep = await self.service.run(tracing.traced("decode", execute_request_from_bytes), request,
+                                                nbytes=len(request))
+        watch = _Watch(asyncio.get_running_loop())
+        token = progress_sink.set(watch.report)  # Service.run copies the context into the kernel thread
+        try:
+            work = asyncio.ensure_future(self.service.execute(op, args, keep, tenant))
+        finally:
+            progress_sink.reset(token)
+        written = None
+        try:
+            while True:
+                waiting = asyncio.ensure_future(watch.queue.get())
+                await asyncio.wait((work, waiting), return_when=asyncio.FIRST_COMPLETED)
+                if not waiting.done():
+                    waiting.cancel()
+                    break
+                written = watch.latest(waiting.result())
+                await self._write(context, written)
+            outputs = work.result()  # the op's error, if any, ends the stream as Execute's would
+        except BaseException:  # cancelled (the caller went away, or its deadline), or an error
+            watch.cancelled = True
+            work.cancel()
+            raise
+        if watch.newest is not None and watch.newest is not written:  # the last iteration, held back
+            await self._write(context, watch.newest)
+        size = self.service.check_result_size([t for _, t in outputs], self.service.config.max_request_bytes,
+                                              f"{op} result")
+        reply = await self.service.run(tracing.traced("encode", progress_result_bytes), outputs, nbytes=size)
+        await context.write(reply)
+        count_sent(len(reply))
+
+    @staticmethod
+    async def _write(context, report: dict[str, Any]) -> None:
+        progress = pb.Progress(op=report["op"], iteration=int(report.get("iteration", 0)))
+        if report.get("residual_norm") is not None:  # eigsh reports its operator applications alone
+            progress.residual_norm = float(report["residual_norm"])
+        message = pb.ExecuteProgress(progress=progress).SerializeToString()
+        await context.write(message)
+        count_sent(len(message))
+
     async def Upload(self, request_iterator: AsyncIterator[bytes], context) -> pb.Handle:
         tenant = _tenant(self.service, context)
         partitions = partitions_from_text(_metadata_value(context, PARTITIONS_KEY), f"{PARTITIONS_KEY} metadata")
@@ -171,14 +218,57 @@ class SparseServicer(pb_grpc.SparseServiceServicer):
         return catalogue_to_pb(self.service.catalogue(), self.service.device)
 
 
+# The least time between two progress messages of one call. A solver may iterate 100,000 times
+# a second: handing each report to the event loop would cost it more than its iterations do,
+# and no one reads 20 lines a second anyway. 50 ms keeps a progress bar smooth; the last
+# iteration always goes out (``_Watch.unsent``), so the final residual is the answer's.
+PROGRESS_INTERVAL = 0.05
+
+
+class _Abandoned(SparseServeError):
+    """Raised in the kernel thread of a watched call whose caller has gone: it ends the work
+    at the next iteration. Nobody receives it (the call has ended)."""
+
+    code, grpc_status = "CANCELLED", grpc.StatusCode.CANCELLED
+
+
+class _Watch:
+    """One ExecuteWithProgress call's progress: ``report`` runs in the kernel thread (as
+    ``limits.progress_sink``), keeps every report as the latest and hands one to the event loop
+    at most every ``PROGRESS_INTERVAL``; the handler reads them from ``queue``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.cancelled = False  # set on the loop, read in the thread: a plain bool suffices (one writer)
+        self.newest: dict[str, Any] | None = None  # the last report: once the work is done, its last iteration
+        self._sent_at = float("-inf")
+
+    def report(self, fields: dict[str, Any]) -> None:
+        if self.cancelled:
+            raise _Abandoned("the caller stopped watching; the work was abandoned", reason="CALLER_CANCELLED")
+        self.newest = fields
+        now = time.monotonic()
+        if now - self._sent_at >= PROGRESS_INTERVAL:
+            self._sent_at = now
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, fields)
+
+    def latest(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The newest report queued (a slow reader skips those it fell behind on)."""
+        while not self.queue.empty():
+            report = self.queue.get_nowait()
+        return report
+
+
 # Upload's chunks and Execute's requests arrive, and Download's and Execute's replies
 # leave, as serialized bytes: ``_codec`` and ``_frames`` frame and parse them (one copy of
 # the arrays, where protobuf messages cost several), and a malformed message becomes
 # INVALID_ARGUMENT in the handler rather than a failure inside grpc's deserializer.
-_RAW_REQUESTS = {"Upload", "Execute", "ExecuteStream"}
-_RAW_RESPONSES = {"Download", "Execute", "ExecuteStream", "ExecutePipeline"}
+_RAW_REQUESTS = {"Upload", "Execute", "ExecuteStream", "ExecuteWithProgress"}
+_RAW_RESPONSES = {"Download", "Execute", "ExecuteStream", "ExecutePipeline", "ExecuteWithProgress"}
 # The "op" label of a method: its name, but for Execute's the op it runs (set once parsed).
-_METHOD_OPS = {"Execute": "unknown", "ExecuteStream": "unknown", "ExecutePipeline": "pipeline"}
+_METHOD_OPS = {"Execute": "unknown", "ExecuteStream": "unknown", "ExecuteWithProgress": "unknown",
+               "ExecutePipeline": "pipeline"}
 
 
 def _metadata_value(context, key: str) -> str | None:

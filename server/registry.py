@@ -118,6 +118,8 @@ class OpDef:
                       "layouts": list(a.layouts) if a.type.is_tensor or a.type.is_tensor_list else []}
                      for a in self.args],
             "outputs": [{"name": o.name, "type": o.type, "doc": o.doc} for o in self.outputs],
+            # Iterative ops report progress (ExecuteWithProgress, the SDK's ``progress=``).
+            "iterative": self.iterative,
         }
 
 

@@ -95,11 +95,16 @@ def test_every_op_is_a_typed_method(cls, mixin):
         assert fn is mixin.__dict__[op.name].fn and fn._sparseserve_op, op.name
         assert inspect.iscoroutinefunction(fn) is (cls is AsyncClient), op.name
         params = list(inspect.signature(fn).parameters.values())
-        assert [p.name for p in params] == ["self", *(a.name for a in op.args), "keep", "request_id"], op.name
+        watched = ["progress"] if op.iterative else []  # only iterative ops report progress
+        assert [p.name for p in params] == ["self", *(a.name for a in op.args), "keep", "request_id",
+                                            *watched], op.name
         for p, arg in zip(params[1:], op.args):
             expected = inspect.Parameter.empty if arg.required else arg.default
             assert p.default == expected and type(p.default) is type(expected), (op.name, arg.name)
             assert p.annotation != inspect.Parameter.empty, (op.name, arg.name)
+        if watched:
+            assert (params[-1].kind, params[-1].default) == (inspect.Parameter.KEYWORD_ONLY, None), op.name
+            params = params[:-1]
         keep, request_id = params[-2:]
         assert (keep.kind, keep.default, request_id.kind, request_id.default) == (
             inspect.Parameter.KEYWORD_ONLY, False, inspect.Parameter.KEYWORD_ONLY, None)

@@ -272,6 +272,22 @@ def check_reply_written(hp: HandPath, outputs: list[tuple[str, Any]]) -> None:
         assert_same_message(hp.pb.ExecuteResponse, hp.frames.outputs_to_bytes(outputs), want, padded=True)
 
 
+def check_progress_result_written(hp: HandPath, outputs: list[tuple[str, Any]]) -> None:
+    want = hp.pb.ExecuteProgress(result=pb_reply(hp.pb, outputs))
+    assert hp.frames.progress_result_bytes(outputs) == want.SerializeToString()
+
+
+def check_progress_read(hp: HandPath, outputs: list[tuple[str, Any]]) -> None:
+    """Both kinds of ExecuteProgress, as protobuf writes them, read back."""
+    result = hp.pb.ExecuteProgress(result=pb_reply(hp.pb, outputs)).SerializeToString()
+    assert_same(hp.frames.progress_message_from_bytes(result), hp.frames.grouped_outputs(
+        [(o.name, hp.codec.tensor_from_pb(o.tensor, o.name)) for o in pb_reply(hp.pb, outputs).outputs]))
+    for residual in (0.25, None):
+        report = hp.pb.Progress(op="cg", iteration=7, residual_norm=residual)
+        body = hp.pb.ExecuteProgress(progress=report).SerializeToString()
+        assert hp.frames.progress_message_from_bytes(body) == {"op": "cg", "iteration": 7, "residual_norm": residual}
+
+
 def check_reply_read(hp: HandPath, body: bytes) -> None:
     msg = hp.pb.ExecuteResponse.FromString(body)
     want = outcome(lambda: [(o.name, hp.codec.tensor_from_pb(o.tensor, o.name)) for o in msg.outputs])
@@ -499,7 +515,7 @@ def test_the_hand_paths_field_table_is_the_descriptors():
     assert descriptor_errors(codec.WIRE_FIELDS) == []
     messages = {path.split(".")[0] for path in codec.WIRE_FIELDS}
     assert messages == {"Tensor", "SparseTensor", "Array", "Value", "TensorChunk", "ExecuteRequest",
-                        "ExecuteResponse", "NamedTensor", "MessageFrame"}
+                        "ExecuteResponse", "NamedTensor", "MessageFrame", "ExecuteProgress"}
 
 
 COO = SparseTensor(indices=np.array([[0, 1], [2, 0]]), values=np.arange(4.0).reshape(2, 2), dense_shape=[3, 2, 2],
@@ -520,6 +536,8 @@ def failed_checks(hp: HandPath) -> list[str]:
         ("request read", check_request_read, (hp, pb_request(hp.pb, "mul", request, True).SerializeToString())),
         ("reply written", check_reply_written, (hp, reply)),
         ("reply read", check_reply_read, (hp, pb_reply(hp.pb, reply).SerializeToString())),
+        ("progress result written", check_progress_result_written, (hp, reply)),
+        ("progress read", check_progress_read, (hp, reply)),
         ("frames written", check_frames_written, (hp, [b"abc", b"defgh"], 3)),
         ("frames read", check_frames_read, (hp, b"abcdefgh", 3)),
     ]

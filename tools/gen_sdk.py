@@ -3,7 +3,8 @@
 ``client/_ops.py`` is generated, never edited by hand: two mixin classes, ``ClientOps`` (for
 ``Client``) and ``AsyncClientOps`` (for ``AsyncClient``), with one real method per op of
 ``sparseserve.server.ops.REGISTRY``. Each has the op's signature (required arguments first,
-positional-or-keyword, defaults as declared, then keyword-only ``keep`` and ``request_id``), type
+positional-or-keyword, defaults as declared, then keyword-only ``keep`` and ``request_id``, and
+``progress`` for an iterative op), type
 hints from the argument types (``server/argtypes.py``) and a docstring from the op's catalogue
 entry (``OpDef.describe``, what ``GET /v1/ops`` serves), and calls ``self.call("<op>", ...)``
 with its arguments by name. So op methods complete in an IDE, type-check, and work on an
@@ -38,7 +39,7 @@ _ANNOTATION_NAMES = frozenset({
     "Any", "bool", "int", "float", "str", "list", "tuple", "Sequence", "TensorLike", "Scalar",
     "IntList", "Axes", "Index", "Tensor",
 })
-_EXTRA_PARAMS = ("keep", "request_id", "self")
+_EXTRA_PARAMS = ("keep", "request_id", "progress", "self")
 
 # Catalogue argument type -> annotation (see the aliases in the module's preamble).
 _ARG_TYPES = {
@@ -179,6 +180,9 @@ def _docstring(entry: dict, indent: str) -> list[str]:
     lines += _wrapped("keep: ", "leave the outputs on the server and return RemoteTensor handles.", "    ")
     lines += _wrapped("request_id: ", "the id the server logs this call under (default: one it assigns).",
                       "    ")
+    if entry.get("iterative"):
+        lines += _wrapped("progress: ", "called with each progress report (a dict: op, iteration, residual_norm) "
+                          "while the op runs (gRPC only).", "    ")
     lines += ["", "Returns:"]
     if len(entry["outputs"]) > 1:
         lines.append("    A tuple, in this order:")
@@ -215,7 +219,10 @@ def _params(entry: dict) -> list[str]:
         params.append(param if arg["required"] else f"{param} = {_default(arg, entry['name'])}")
     if not starred:
         params.append("*")
-    return params + ["keep: bool = False", "request_id: str | None = None"]
+    params += ["keep: bool = False", "request_id: str | None = None"]
+    if entry.get("iterative"):  # only iterative ops report progress (the catalogue's "iterative")
+        params.append("progress: Callable[[dict[str, Any]], Any] | None = None")
+    return params
 
 
 def _joined(head: str, items: list[str], tail: str) -> list[str]:
@@ -244,6 +251,8 @@ def _method(entry: dict, asynchronous: bool) -> list[str]:
     lines += _docstring(entry, "        ")
     passed = [f"{a['name']}={a['name']}" for a in entry["args"] if a["required"]]
     passed += ["keep=keep", "request_id=request_id"]
+    if entry.get("iterative"):
+        passed.append("progress=progress")
     optional = [f"{a['name']}=({a['name']}, {_default(a, name)})" for a in entry["args"] if not a["required"]]
     head = f"        return {'await ' if asynchronous else ''}self.call("
     if not optional:

@@ -20,7 +20,7 @@ hence protobuf below ``FRAME_BYTES``.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -34,7 +34,8 @@ from ..v1 import sparseserve_pb2 as pb
 
 __all__ = ["FRAME_BYTES", "execute_request_pieces", "execute_request_bytes", "execute_request_from_bytes",
            "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "flat_outputs", "grouped_outputs",
-           "message_frames", "MessageAssembler", "assemble_message"]
+           "message_frames", "MessageAssembler", "assemble_message", "progress_result_bytes",
+           "progress_message_from_bytes"]
 
 FRAME_BYTES = 64 << 10
 
@@ -380,3 +381,32 @@ def assemble_message(frames: Iterable[bytes], name: str, max_bytes: int | None =
     for frame in frames:
         assembler.add(frame)
     return assembler.finish()
+
+
+# ------------------------------------------------------------------ ExecuteWithProgress
+_PROGRESS_RESULT = wire_field("ExecuteProgress.result")
+
+
+def progress_result_bytes(outputs: list[tuple[str, Any]]) -> bytes:
+    """ExecuteWithProgress's last message, an ``ExecuteProgress`` whose ``result`` is the
+    serialized ``ExecuteResponse`` of ``outputs``: written around the answer's pieces (one copy),
+    not by parsing the answer into protobuf messages."""
+    pieces = outputs_pieces(outputs)
+    return b"".join([_len_prefix(_PROGRESS_RESULT, sum(len(p) for p in pieces)), *pieces])
+
+
+def progress_message_from_bytes(body: bytes) -> dict[str, Any] | list[tuple[str, Any]]:
+    """What a serialized ``ExecuteProgress`` carries: its ``progress`` as a report dict (op,
+    iteration, residual_norm: None where the op reports none), or its ``result`` as the named
+    outputs (a list, as ``outputs_from_bytes`` gives them)."""
+    view = memoryview(body).cast("B")
+    fields = list(iter_fields(view))
+    if len(fields) == 1 and fields[0] is not None and fields[0][0] == _PROGRESS_RESULT.key:
+        _, _, start, stop = fields[0]
+        return outputs_from_bytes(cast(bytes, view[start:stop]))  # a view reads as well
+    message = pb.ExecuteProgress.FromString(view)
+    if message.HasField("result"):  # a result protobuf wrote otherwise (fields split, say)
+        return outputs_from_bytes(message.result.SerializeToString())
+    report = message.progress
+    residual = report.residual_norm if report.HasField("residual_norm") else None
+    return {"op": report.op, "iteration": report.iteration, "residual_norm": residual}

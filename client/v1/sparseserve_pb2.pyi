@@ -270,16 +270,18 @@ class OutputDef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., doc: _Optional[str] = ...) -> None: ...
 
 class OpDef(_message.Message):
-    __slots__ = ("name", "doc", "args", "outputs")
+    __slots__ = ("name", "doc", "args", "outputs", "iterative")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DOC_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    ITERATIVE_FIELD_NUMBER: _ClassVar[int]
     name: str
     doc: str
     args: _containers.RepeatedCompositeFieldContainer[ArgDef]
     outputs: _containers.RepeatedCompositeFieldContainer[OutputDef]
-    def __init__(self, name: _Optional[str] = ..., doc: _Optional[str] = ..., args: _Optional[_Iterable[_Union[ArgDef, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[OutputDef, _Mapping]]] = ...) -> None: ...
+    iterative: bool
+    def __init__(self, name: _Optional[str] = ..., doc: _Optional[str] = ..., args: _Optional[_Iterable[_Union[ArgDef, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[OutputDef, _Mapping]]] = ..., iterative: _Optional[bool] = ...) -> None: ...
 
 class ListOpsResponse(_message.Message):
     __slots__ = ("ops", "device")
@@ -288,3 +290,21 @@ class ListOpsResponse(_message.Message):
     ops: _containers.RepeatedCompositeFieldContainer[OpDef]
     device: str
     def __init__(self, ops: _Optional[_Iterable[_Union[OpDef, _Mapping]]] = ..., device: _Optional[str] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("op", "iteration", "residual_norm")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_NORM_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    iteration: int
+    residual_norm: float
+    def __init__(self, op: _Optional[str] = ..., iteration: _Optional[int] = ..., residual_norm: _Optional[float] = ...) -> None: ...
+
+class ExecuteProgress(_message.Message):
+    __slots__ = ("progress", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: Progress
+    result: ExecuteResponse
+    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[ExecuteResponse, _Mapping]] = ...) -> None: ...

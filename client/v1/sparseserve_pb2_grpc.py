@@ -84,6 +84,11 @@ class SparseServiceStub:
                 request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentRequest.SerializeToString,
                 response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentResponse.FromString,
                 _registered_method=True)
+        self.ExecuteWithProgress = channel.unary_stream(
+                '/sparseserve.v1.SparseService/ExecuteWithProgress',
+                request_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteProgress.FromString,
+                _registered_method=True)
 
 
 class SparseServiceServicer:
@@ -164,6 +169,15 @@ class SparseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteWithProgress(self, request, context):
+        """Execute, watched: an iterative op's progress streams while it runs, then
+        its answer (an op that is not iterative: the answer alone). Cancelling the
+        call abandons the work at its next iteration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SparseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +230,11 @@ def add_SparseServiceServicer_to_server(servicer, server):
                     servicer.RegisterSegment,
                     request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentRequest.FromString,
                     response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentResponse.SerializeToString,
+            ),
+            'ExecuteWithProgress': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExecuteWithProgress,
+                    request_deserializer=sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteRequest.FromString,
+                    response_serializer=sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -488,6 +507,33 @@ class SparseService:
             '/sparseserve.v1.SparseService/RegisterSegment',
             sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentRequest.SerializeToString,
             sparseserve_dot_v1_dot_sparseserve__pb2.RegisterSegmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteWithProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sparseserve.v1.SparseService/ExecuteWithProgress',
+            sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteRequest.SerializeToString,
+            sparseserve_dot_v1_dot_sparseserve__pb2.ExecuteProgress.FromString,
             options,
             channel_credentials,
             insecure,
