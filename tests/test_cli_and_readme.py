@@ -25,9 +25,9 @@ README = (ROOT / "README.md").read_text()
 CURL_EXAMPLES = ("curl-coalesce", "curl-error", "curl-pipeline")  # each answered by "<tag>-output"
 
 
-@pytest.mark.parametrize("path, tag", [("README.md", "quickstart"), ("README.md", "pipeline"),
-                                       ("docs/semantics.md", "linear-algebra")],
-                         ids=["quickstart", "pipeline", "linear-algebra"])
+@pytest.mark.parametrize("path, tag", [("README.md", "quickstart"), ("docs/sdk.md", "pipeline"),
+                                       ("README.md", "solvers"), ("docs/semantics.md", "linear-algebra")],
+                         ids=["quickstart", "pipeline", "solvers", "linear-algebra"])
 def test_readme_sdk_examples_print_what_they_say(server, path, tag):
     code = example(path, tag).replace("localhost:50051", server.grpc_target)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

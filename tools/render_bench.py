@@ -60,10 +60,13 @@ README_ROWS = [
     ReadmeRow("index_select", "index_select on COO, first call on the tensor", _TORCH_COO, 5.0),
     ReadmeRow("index_select", "index_select on COO, held tensor", _TORCH_COO, 5.0),
     ReadmeRow("index_select", "index_select on CSR (torch has none)", _TORCH_COO, None),
+    ReadmeRow("solvers", "cg + Jacobi, Poisson 1000^2, c.cg(handle) over gRPC", "scipy cg", 3.0),
+    ReadmeRow("solvers", "cg + Jacobi, Poisson 1000^2, in process", "scipy cg", None),
+    ReadmeRow("eigen", "eigsh(k=6), 2-D Poisson", "scipy", 2.0),
 ]
 
 # The order of docs/performance.md's tables; benchmarks not named here follow, by name.
-_ORDER = ("kernels", "linalg", "segment", "aggregate", "index_select", "service", "batching", "shm",
+_ORDER = ("kernels", "linalg", "solvers", "eigen", "segment", "aggregate", "index_select", "service", "batching", "shm",
           "distributed")
 _SCALING = "scaling"
 _COLOURS = {"sparseserve": "#1f77b4", "scipy": "#ff7f0e", "torch": "#2ca02c"}
