@@ -253,7 +253,7 @@ def test_a_deadline_ends_a_long_solve_while_other_calls_are_answered(solver_serv
     """A solve that would run for many seconds (rtol = atol = 0: it never converges) is abandoned
     at its caller's deadline; meanwhile another client's small calls are answered at once."""
     a = tensor_of(poisson(200))  # 40,000 unknowns
-    with make_client(solver_server, "grpc", timeout=1.5) as slow, make_client(solver_server, "grpc") as quick:
+    with make_client(solver_server, "grpc", timeout=4.0) as slow, make_client(solver_server, "grpc") as quick:
         h = slow.put(a)
         outcome: list = []
 
@@ -272,11 +272,12 @@ def test_a_deadline_ends_a_long_solve_while_other_calls_are_answered(solver_serv
         for _ in range(5):
             start = time.monotonic()
             x, info, _, _ = quick.cg(small, np.ones(20))
-            assert int(info) == 0 and time.monotonic() - start < 0.5
+            # At once next to a solve four seconds long (bounds loose for a loaded CI machine).
+            assert int(info) == 0 and time.monotonic() - start < 1.0
         assert thread.is_alive(), "the long solve ended before the small calls ran"
         thread.join(timeout=20)
         assert outcome and outcome[0][0] != "answered", outcome
-        assert outcome[0][1] < 5, outcome
+        assert outcome[0][1] < 8, outcome
         x, info, _, _ = quick.cg(small, np.ones(20))  # the server goes on answering
         assert int(info) == 0
         quick.delete(h)

@@ -59,11 +59,13 @@ class Recorder:
 
 def check_progress(rec: Recorder, answered: float, plain, watched) -> None:
     x, info, iterations, residual = watched
-    assert len(rec.reports) >= 3, rec.reports
-    assert answered - rec.times[0] > 0.1  # the first report came well before the answer
+    assert len(rec.reports) >= 2, rec.reports
     assert {r["op"] for r in rec.reports} == {"cg"}
     steps = [r["iteration"] for r in rec.reports]
     assert steps == sorted(set(steps)) and steps[0] >= 1
+    # The first report went out while the solve had most of its iterations ahead (however fast
+    # the machine), and arrived before the answer.
+    assert steps[0] < int(iterations) // 2 and rec.times[0] < answered, (steps, iterations)
     assert steps[-1] == int(iterations) == int(plain[2])  # the last iteration is always reported
     # The reports carry cg's recurrence residual; the answer's is norm(b - A x), equal to rounding.
     assert rec.reports[-1]["residual_norm"] == pytest.approx(float(residual), rel=1e-4)
