@@ -34,7 +34,7 @@ from ..metrics import SOLVER_ITERATIONS
 from ..registry import REGISTRY, Arg, Output
 from .linalg import _csr_of_op, _rep
 
-__all__ = ["Operator", "operator_of", "matvec_of"]
+__all__ = ["Operator", "operator_of"]
 
 SPARSE = ("coo", "csr", "csc", "bsr", "bsc")
 PRECONDITIONERS = ("none", "jacobi", "ilu0")
@@ -160,12 +160,6 @@ def operator_of(a: Any, op: str = "solve", dtype: np.dtype | None = None) -> Ope
         with _KEPT_LOCK:
             _KEPT.setdefault(a, {})[dtype.name] = operator
     return operator
-
-
-def matvec_of(a: SparseTensor) -> Callable[[np.ndarray], np.ndarray]:
-    """y = A @ x with our parallel SpMV, for scipy's LinearOperator (eigsh, svds, the solvers);
-    A's CSR is kept with a held tensor as the solvers keep it."""
-    return operator_of(a, "matvec").matvec
 
 
 # ------------------------------------------------------------------ checks shared by the four ops
