@@ -6,7 +6,7 @@
 ...     c.reorder(st)
 """
 
-from . import errors
+from . import errors, linalg
 from ._client import AsyncClient, Client
 from ._malloc import keep_transfer_buffers
 from ._pipeline import Pipeline, PipelineStep
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "AsyncClient", "SparseTensor", "RemoteTensor", "HandleRef", "OutputRef", "Pipeline",
-    "PipelineStep", "errors", "keep_transfer_buffers",
+    "PipelineStep", "errors", "linalg", "keep_transfer_buffers",
     "SparseServeError", "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError",
     "UnauthenticatedError", "PermissionDeniedError", "UnimplementedError", "UnavailableError",
     "DeadlineExceededError", "InternalError",

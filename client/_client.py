@@ -29,7 +29,7 @@ from ._transport_grpc import AsyncGrpcTransport, GrpcTransport
 from ._transport_rest import AsyncRestTransport, RestTransport
 from .core.codec import DEFAULT_CHUNK_BYTES
 from .core.convert import as_tensor, is_tensor_like
-from .core.tensor import HandleRef, SparseTensor
+from .core.tensor import HandleRef, SparseTensor, TensorInfo
 
 __all__ = ["Client", "AsyncClient"]
 
@@ -152,8 +152,8 @@ class _Base:
                 named[name] = value
         return {k: _prepare(v) for k, v in named.items()}
 
-    def _remote(self, stored: Stored) -> RemoteTensor:
-        return RemoteTensor(stored.handle, nbytes=stored.nbytes, client=self)
+    def _remote(self, stored: Stored, tensor: Any) -> RemoteTensor:
+        return RemoteTensor(stored.handle, TensorInfo.of(tensor, stored.nbytes), client=self)
 
     def _shape_result(self, outputs: Outputs) -> Any:
         """One output as it is, several as a tuple in declared order; a list output as a Python
@@ -161,7 +161,7 @@ class _Base:
         def shaped(v):
             if isinstance(v, list):
                 return [shaped(x) for x in v]
-            return RemoteTensor(v.handle, client=self) if isinstance(v, HandleRef) else v
+            return RemoteTensor(v.handle, v.info, client=self) if isinstance(v, HandleRef) else v
 
         values = tuple(shaped(v) for _, v in outputs)
         return values[0] if len(values) == 1 else values
@@ -280,8 +280,8 @@ class Client(_Base, ClientOps):
         _check_put_options(shared_memory, partitions)
         with reporter(progress, "put") as counted:
             if shared_memory:
-                return self._remote(_finished(self._transport.put_shared(tensor), counted))
-            return self._remote(self._transport.put(tensor, partitions, *_counting(counted)))
+                return self._remote(_finished(self._transport.put_shared(tensor), counted), tensor)
+            return self._remote(self._transport.put(tensor, partitions, *_counting(counted)), tensor)
 
     def get(self, handle: HandleRef | str, *, shared_memory: bool = False, progress: Any = None) -> Any:
         """Fetch a kept tensor (``shared_memory``: through a segment, and ``progress`` as ``put``)."""
@@ -352,8 +352,8 @@ class AsyncClient(_Base, AsyncClientOps):
         _check_put_options(shared_memory, partitions)
         with reporter(progress, "put") as counted:
             if shared_memory:
-                return self._remote(_finished(await self._transport.put_shared(tensor), counted))
-            return self._remote(await self._transport.put(tensor, partitions, *_counting(counted)))
+                return self._remote(_finished(await self._transport.put_shared(tensor), counted), tensor)
+            return self._remote(await self._transport.put(tensor, partitions, *_counting(counted)), tensor)
 
     async def get(self, handle: HandleRef | str, *, shared_memory: bool = False, progress: Any = None) -> Any:
         with reporter(progress, "get") as counted:

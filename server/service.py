@@ -13,10 +13,11 @@ import contextvars
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 
-from sparseserve.core.tensor import HandleRef
+from sparseserve.core.tensor import HandleRef, TensorInfo
 from sparseserve.core.errors import (InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
                                 SparseServeError, UnauthenticatedError, UnavailableError, UnimplementedError)
 
@@ -324,8 +325,13 @@ class Service:
         return [(name, self._on_host(value)) for name, value in outputs]
 
     async def _kept_one(self, value: Any, tenant: str) -> HandleRef:
-        """One output tensor stored (a list output's are stored one by one), as its handle."""
-        return value if isinstance(value, HandleRef) else HandleRef((await self._store(value, tenant))[0])
+        """One output tensor stored (a list output's are stored one by one), as its handle and
+        what it holds (the SDK's RemoteTensor knows its shape, dtype, nnz and layout from it)."""
+        if isinstance(value, HandleRef):  # kept in blocks on the Dask cluster already
+            held = await self.run(self._dask().lookup, value.handle, tenant)
+            return HandleRef(value.handle, replace(TensorInfo.of(held.like, held.nbytes), nnz=held.nnz))
+        handle, nbytes = await self._store(value, tenant)
+        return HandleRef(handle, TensorInfo.of(value, nbytes))
 
     async def _store(self, value: Any, tenant: str, partitions: int = 0) -> tuple[str, int]:
         """Keep a checked tensor: partitioned on the Dask cluster when asked or above

@@ -45,7 +45,7 @@ from hypothesis.extra import numpy as hnp
 import sparseserve.v1
 from sparseserve.core import codec, frames
 from sparseserve.core.dtypes import DTYPE_NAMES
-from sparseserve.core.tensor import HandleRef, OutputRef, SparseTensor
+from sparseserve.core.tensor import HandleRef, OutputRef, SparseTensor, TensorInfo
 from sparseserve.errors import SparseServeError
 from sparseserve.v1 import sparseserve_pb2
 
@@ -79,7 +79,12 @@ def pb_array(pb: types.ModuleType, a: np.ndarray, *, with_data: bool = True) -> 
 
 def pb_tensor(pb: types.ModuleType, t: Any, *, with_data: bool = True) -> Message:
     if isinstance(t, HandleRef):
-        return pb.Tensor(handle=t.handle)
+        if t.info is None:
+            return pb.Tensor(handle=t.handle)
+        i = t.info
+        layout = {"layout": pb.Layout.Value(i.layout.upper())} if i.layout != "dense" else {"dense": True}
+        return pb.Tensor(handle=t.handle, info=pb.TensorInfo(dtype=pb.DType.Value(i.dtype.name.upper()),
+                                                             shape=i.shape, nnz=i.nnz, nbytes=i.nbytes, **layout))
     if not isinstance(t, SparseTensor):
         return pb.Tensor(dense=pb_array(pb, t, with_data=with_data))
     sparse = pb.SparseTensor(layout=pb.Layout.Value(t.layout.upper()), dense_shape=t.dense_shape,
@@ -194,6 +199,8 @@ def assert_same(got: Any, want: Any) -> None:
         assert got == want or (math.isnan(got) and math.isnan(want))
     else:
         assert got == want
+        if isinstance(want, HandleRef):  # its equality leaves the description out
+            assert got.info == want.info
 
 
 def outcome(decode: Callable[[], Any]) -> Any:
@@ -363,7 +370,11 @@ def wire_sparse_tensors(draw: st.DrawFn) -> SparseTensor:
                         coalesced=draw(st.booleans()), **arrays)
 
 
-handles = st.text().map(HandleRef)
+# A kept output's handle carries what it holds (TensorInfo); an argument's need not.
+tensor_infos = st.builds(TensorInfo, st.sampled_from([*LAYOUT_ARRAYS, "dense"]),
+                         st.sampled_from(DTYPE_NAMES).map(np.dtype), st.lists(INT64, max_size=4).map(tuple),
+                         INT64, INT64)
+handles = st.builds(HandleRef, st.text(), st.none() | tensor_infos)
 tensors = st.one_of(wire_sparse_tensors(), dense_arrays, handles)
 scalars = st.one_of(st.none(), st.booleans(), INT64, st.floats(), st.text(), st.complex_numbers(),
                     st.builds(OutputRef, st.text()), st.builds(np.float32, st.floats(width=32)),
@@ -523,7 +534,9 @@ COO = SparseTensor(indices=np.array([[0, 1], [2, 0]]), values=np.arange(4.0).res
 BSR = SparseTensor(layout="bsr", compressed_indices=np.array([[0, 1, 1], [0, 0, 1]], np.int32),
                    plain_indices=np.array([[1], [0]], np.int32), values=np.ones((2, 1, 2, 2), np.complex64),
                    dense_shape=[2, 4, 4], blocksize=[2, 2])
-SAMPLES = [COO, BSR, np.arange(6, dtype=np.int16).reshape(2, 3), np.float32(2.5), HandleRef("h-1")]
+SAMPLES = [COO, BSR, np.arange(6, dtype=np.int16).reshape(2, 3), np.float32(2.5), HandleRef("h-1"),
+           HandleRef("h-4", TensorInfo("csr", np.dtype(np.complex64), (3, 4), 5, 120)),
+           HandleRef("h-5", TensorInfo("dense", np.dtype(np.uint16), (2, 0), 0, 0))]
 
 
 def failed_checks(hp: HandPath) -> list[str]:

@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from .dtypes import DTYPE_NAMES, check_supported
-from .tensor import HandleRef, OutputRef, SparseTensor, coo_tensor
+from .tensor import HandleRef, OutputRef, SparseTensor, TensorInfo, coo_tensor
 from .validate import ARRAY_MAX_RANK, check_array_shape, check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from ..v1 import sparseserve_pb2 as pb
@@ -239,7 +239,7 @@ def _view(buffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 def tensor_to_pb(t: Any, *, with_data: bool = True) -> pb.Tensor:
     """``SparseTensor``, ``numpy.ndarray`` or ``HandleRef`` -> ``Tensor`` message."""
     if isinstance(t, HandleRef):
-        return pb.Tensor(handle=t.handle)
+        return pb.Tensor(handle=t.handle, info=info_to_pb(t.info)) if t.info else pb.Tensor(handle=t.handle)
     if isinstance(t, SparseTensor):
         sp = pb.SparseTensor(layout=_LAYOUT_TO_PB[t.layout], dense_shape=t.dense_shape,
                              coalesced=t.coalesced)
@@ -286,11 +286,29 @@ def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | Han
         arrays = {f: array_from_pb(getattr(sp, f), f"{name}.{f}") for f in _sparse_fields(sp)}
         return _sparse_from_arrays(sp, arrays, name)
     if kind == "handle":
-        return HandleRef(msg.handle)
+        return HandleRef(msg.handle, info_from_pb(msg.info) if msg.HasField("info") else None)
     if kind == "dense":
         return array_from_pb(msg.dense, name)
     raise InvalidArgumentError(f"{name} is an empty Tensor message: set sparse, dense or handle",
                                reason="MISSING_TENSOR")
+
+
+def info_to_pb(info: TensorInfo) -> pb.TensorInfo:
+    dtype = _DTYPE_TO_PB[info.dtype.name]
+    if info.layout == "dense":
+        return pb.TensorInfo(dense=True, dtype=dtype, shape=info.shape, nnz=info.nnz, nbytes=info.nbytes)
+    return pb.TensorInfo(layout=_LAYOUT_TO_PB[info.layout], dtype=dtype, shape=info.shape, nnz=info.nnz,
+                         nbytes=info.nbytes)
+
+
+def info_from_pb(msg: pb.TensorInfo) -> TensorInfo | None:
+    """A server's description of a kept tensor; None for one this SDK cannot read (a newer
+    dtype, say): it only describes, so the handle stays usable without it."""
+    dtype = _WIRE_DTYPES.get(msg.dtype)
+    layout = "dense" if msg.dense else _LAYOUT_FROM_PB.get(msg.layout)
+    if dtype is None or layout is None:
+        return None
+    return TensorInfo(layout, dtype.newbyteorder("="), tuple(msg.shape), int(msg.nnz), int(msg.nbytes))
 
 
 # ------------------------------------------------------------------ whole tensors as bytes
@@ -498,6 +516,8 @@ _COALESCED = _varint_field(_SPARSE_COALESCED, 1)  # true
 def tensor_bytes(t: Any) -> bytes:
     """The serialized ``Tensor`` message of ``t`` (``tensor_to_pb``'s, without the messages)."""
     if isinstance(t, HandleRef):
+        if t.info is not None:  # a kept output's reply: a few bytes, protobuf writes them
+            return tensor_to_pb(t).SerializeToString()
         return _bytes_field(_TENSOR_HANDLE, t.handle.encode())  # a oneof member: written even when empty
     if not isinstance(t, SparseTensor):
         return _bytes_field(_TENSOR_DENSE, array_bytes(np.asarray(t)))

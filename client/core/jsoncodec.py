@@ -3,7 +3,8 @@
 Sparse: ``{"indices", "values", "dense_shape", "dtype"?, "layout"?}`` or, for
 compressed layouts, ``{"compressed_indices", "plain_indices", "values",
 "dense_shape", "layout", "blocksize"?}``. Dense: a nested list, or
-``{"dtype", "shape", "data": [flat]}``. Handle: ``{"handle": "..."}``.
+``{"dtype", "shape", "data": [flat]}``. Handle: ``{"handle": "..."}``; a kept output's adds
+``"info": {"layout", "dtype", "shape", "nnz", "nbytes"}`` (layout "dense" for a dense array).
 
 JSON has no complex numbers and no NaN or infinity: complex values travel as
 ``[re, im]`` pairs (one extra trailing dimension of 2), and non-finite floats
@@ -25,7 +26,7 @@ except ImportError:  # the SDK's base install: the standard library's JSON (belo
     orjson = None  # type: ignore[assignment]
 
 from .dtypes import check_supported, dtype_from_name
-from .tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor
+from .tensor import LAYOUTS, HandleRef, OutputRef, SparseTensor, TensorInfo
 from .validate import check_array_shape
 from .errors import InvalidArgumentError
 
@@ -87,7 +88,12 @@ def array_to_json(a: np.ndarray) -> list | Any:
 
 def tensor_to_json(t: Any) -> dict:
     if isinstance(t, HandleRef):
-        return {"handle": t.handle}
+        if t.info is None:
+            return {"handle": t.handle}
+        info = t.info
+        return {"handle": t.handle, "info": {"layout": info.layout, "dtype": info.dtype.name,
+                                             "shape": list(info.shape), "nnz": info.nnz,
+                                             "nbytes": info.nbytes}}
     if isinstance(t, SparseTensor):
         out: dict[str, Any] = {"layout": t.layout, "dtype": t.dtype.name,
                                "dense_shape": list(t.dense_shape)}
@@ -203,7 +209,7 @@ def tensor_from_json(obj: Any, name: str) -> SparseTensor | np.ndarray | HandleR
         if "handle" in obj:
             if not isinstance(obj["handle"], str):
                 raise _bad(f"{name}.handle must be a string")
-            return HandleRef(obj["handle"])
+            return HandleRef(obj["handle"], _info_from_json(obj.get("info")))
         if any(k in obj for k in _SPARSE_KEYS):
             return _sparse_from_json(obj, name)
         if "data" in obj and "shape" in obj:
@@ -218,6 +224,17 @@ def tensor_from_json(obj: Any, name: str) -> SparseTensor | np.ndarray | HandleR
     if isinstance(obj, (list, int, float, bool)):
         return array_from_json(obj, None, name)
     raise _bad(f"{name} is not a tensor")
+
+
+def _info_from_json(obj: Any) -> TensorInfo | None:
+    """A server's description of a kept tensor (``tensor_to_json``'s ``info``); None when absent
+    or unreadable: it only describes, and readers of arguments ignore it."""
+    try:
+        layout, dtype = str(obj["layout"]), dtype_from_name(str(obj["dtype"]))
+        shape, nnz, nbytes = tuple(int(d) for d in obj["shape"]), int(obj["nnz"]), int(obj["nbytes"])
+    except (TypeError, KeyError, ValueError, InvalidArgumentError):
+        return None
+    return TensorInfo(layout, dtype, shape, nnz, nbytes) if layout in (*LAYOUTS, "dense") else None
 
 
 def _sparse_from_json(obj: dict, name: str) -> SparseTensor:

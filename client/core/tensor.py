@@ -9,7 +9,8 @@ SPEC invariants, which the server runs on every tensor it receives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,15 +18,39 @@ import numpy as np
 from .layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, LAYOUTS
 from .validate import check_sparse
 
-__all__ = ["SparseTensor", "HandleRef", "OutputRef", "LAYOUTS", "COMPRESSED_LAYOUTS", "BLOCK_LAYOUTS"]
+__all__ = ["SparseTensor", "HandleRef", "TensorInfo", "OutputRef", "LAYOUTS", "COMPRESSED_LAYOUTS", "BLOCK_LAYOUTS"]
 
 
 
 @dataclass(frozen=True)
+class TensorInfo:
+    """What a kept tensor is, without its data: a sparse ``layout`` (coo, csr, csc, bsr, bsc) or
+    ``"dense"``, its dtype, shape, ``nnz`` (a sparse tensor's stored entries, as
+    ``SparseTensor.nnz`` counts them; a dense array's element count) and ``nbytes`` (what it
+    takes in the server's store)."""
+
+    layout: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    nnz: int
+    nbytes: int
+
+    @classmethod
+    def of(cls, t: Any, nbytes: int) -> "TensorInfo":
+        """The description of a ``SparseTensor`` or an array (numpy's, or a device array)."""
+        shape = tuple(int(d) for d in (t.dense_shape if isinstance(t, SparseTensor) else t.shape))
+        if isinstance(t, SparseTensor):
+            return cls(t.layout, np.dtype(t.dtype), shape, t.nnz, nbytes)
+        return cls("dense", np.dtype(t.dtype), shape, math.prod(shape), nbytes)
+
+
+@dataclass(frozen=True)
 class HandleRef:
-    """A reference to a tensor kept in the server's handle store."""
+    """A reference to a tensor kept in the server's handle store; ``info`` describes it where
+    the server said (a kept output) or the client knows (its own put)."""
 
     handle: str
+    info: TensorInfo | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

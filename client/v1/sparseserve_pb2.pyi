@@ -88,14 +88,32 @@ class SparseTensor(_message.Message):
     def __init__(self, layout: _Optional[_Union[Layout, str]] = ..., dense_shape: _Optional[_Iterable[int]] = ..., indices: _Optional[_Union[Array, _Mapping]] = ..., values: _Optional[_Union[Array, _Mapping]] = ..., compressed_indices: _Optional[_Union[Array, _Mapping]] = ..., plain_indices: _Optional[_Union[Array, _Mapping]] = ..., blocksize: _Optional[_Iterable[int]] = ..., coalesced: _Optional[bool] = ...) -> None: ...
 
 class Tensor(_message.Message):
-    __slots__ = ("sparse", "dense", "handle")
+    __slots__ = ("sparse", "dense", "handle", "info")
     SPARSE_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
     sparse: SparseTensor
     dense: Array
     handle: str
-    def __init__(self, sparse: _Optional[_Union[SparseTensor, _Mapping]] = ..., dense: _Optional[_Union[Array, _Mapping]] = ..., handle: _Optional[str] = ...) -> None: ...
+    info: TensorInfo
+    def __init__(self, sparse: _Optional[_Union[SparseTensor, _Mapping]] = ..., dense: _Optional[_Union[Array, _Mapping]] = ..., handle: _Optional[str] = ..., info: _Optional[_Union[TensorInfo, _Mapping]] = ...) -> None: ...
+
+class TensorInfo(_message.Message):
+    __slots__ = ("layout", "dense", "dtype", "shape", "nnz", "nbytes")
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NNZ_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    layout: Layout
+    dense: bool
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    nnz: int
+    nbytes: int
+    def __init__(self, layout: _Optional[_Union[Layout, str]] = ..., dense: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., nnz: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class ValueList(_message.Message):
     __slots__ = ("items",)
