@@ -255,6 +255,9 @@ def test_kept_results_stay_partitioned_and_chain(service, single):
     want_t = execute(single, "transpose", {"sp_input": A3, "perm": [1, 0, 2]})
     assert_eq(summed, execute(single, "reduce_sum", {"sp_input": want_t, "axis": [0, 1]}), **SAME)
     assert_eq(run(service.get(kept.handle, "")), want_t, **SAME)
+    # What the kept handle says it holds (the SDK's RemoteTensor reads it): the whole tensor's.
+    info = kept.info
+    assert (info.layout, info.dtype, info.shape, info.nnz) == ("coo", want_t.dtype, want_t.dense_shape, want_t.nnz)
 
 
 def test_pipelines_gather_partitioned_inputs(service, single):
