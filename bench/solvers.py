@@ -5,17 +5,27 @@ process and through a real server with the matrix held by handle, against
 iteration count, within one, asserted). Beside them, scipy's cg driving the server through one
 ``c.matmul(handle, x)`` round trip per iteration: what the server-side loop saves, per iteration.
 
-``python -m bench.solvers --scale 0.25`` for a quicker run (a 500 x 500 grid).
+And the same cg on the matrix partitioned over a Dask LocalCluster of 2 worker processes
+(loopback), through ``Service.execute`` with a handle, against the single node's on the same
+matrix in the same run: milliseconds per iteration, each measured as the difference between
+solves of two fixed iteration counts (rtol 0, so both run to maxiter), so what a solve pays once
+(the blocks' actors made, the last residual) is apart; answers checked equal first.
+
+``python -m bench.solvers --scale 0.25`` for a quicker run (a 500 x 500 grid);
+``--partitioned-only`` runs the partitioned comparison alone and records nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
+import logging
 import math
 import os
 import platform
 import time
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +35,8 @@ from ._timing import best_of_each
 
 RTOL = 1e-8
 ROUND_TRIP_ITERATIONS = 20
+# Fixed iteration counts of the partitioned comparison: per iteration = time difference / count difference.
+SHORT_SOLVE, LONG_SOLVE = 10, 110
 
 
 def poisson(k: int):
@@ -64,12 +76,18 @@ def ours_cg(t: SparseTensor, b):
     return x, int(info), int(iterations)
 
 
-def run(scale: float = 1.0, repeat: int = 1, service: bool = True) -> None:
+def run(scale: float = 1.0, repeat: int = 1, service: bool = True, partitions: int = 2,
+        partitioned_only: bool = False) -> None:
     k = max(10, int(round(1000 * math.sqrt(scale))))
     a = poisson(k)
     t = tensor_of(a)
     n = a.shape[0]
     b = np.ones(n)
+    spread = _partitioned_per_iteration(t, b, partitions, repeat) if partitions else {}
+    if spread:
+        _report_partitioned(k, spread)
+    if partitioned_only:
+        return
     x_ours, info_ours, its_ours = ours_cg(t, b)
     x_scipy, info_scipy, its_scipy = scipy_cg(a, b)
     assert info_ours == info_scipy == 0, (info_ours, info_scipy)
@@ -97,7 +115,60 @@ def run(scale: float = 1.0, repeat: int = 1, service: bool = True) -> None:
                 c.delete(handle)
     else:
         best = best_of_each(contenders, repeat, warm_up=False)
-    _report(k, n, a.nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service)
+    _report(k, n, a.nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service, spread)
+
+
+def _partitioned_per_iteration(t: SparseTensor, b: np.ndarray, partitions: int, repeat: int) -> dict[str, Any]:
+    """Seconds per cg + Jacobi iteration through ``Service.execute`` with a handle: the matrix
+    partitioned over a LocalCluster of 2 worker processes, and on one node; and what a solve
+    pays once on each. Empty where dask.distributed is not installed."""
+    try:
+        from distributed import LocalCluster
+    except ImportError:
+        print("dask.distributed is not installed (pip install 'sparseserve[distributed]'): partitioned cg skipped")
+        return {}
+    from sparseserve.core.tensor import HandleRef
+    from sparseserve.server.config import ServerConfig
+    from sparseserve.server.ops import REGISTRY
+    from sparseserve.server.service import Service
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.ERROR) as cluster:
+        services = {"partitioned": Service(ServerConfig(dask_scheduler=cluster.scheduler_address,
+                                                        max_result_bytes=8 << 30), REGISTRY),
+                    "single": Service(ServerConfig(max_result_bytes=8 << 30), REGISTRY)}
+        try:
+            handles = {name: HandleRef(asyncio.run(svc.put(t, "", partitions if name == "partitioned" else 0))[0])
+                       for name, svc in services.items()}
+
+            def solve(name: str, iterations: int):
+                args = {"a": handles[name], "b": b, "rtol": 0.0, "maxiter": iterations, "preconditioner": "jacobi"}
+                return dict(asyncio.run(services[name].execute("cg", args, False, "")))
+
+            got, want = solve("partitioned", LONG_SOLVE), solve("single", LONG_SOLVE)
+            assert int(got["iterations"]) == int(want["iterations"]) == LONG_SOLVE
+            np.testing.assert_allclose(got["x"], want["x"], rtol=1e-12, atol=0)
+            same = bool(np.array_equal(got["x"], want["x"]))
+            best = best_of_each({f"{name} {count}": (lambda name=name, count=count: solve(name, count))
+                                 for name in services for count in (SHORT_SOLVE, LONG_SOLVE)}, repeat, warm_up=False)
+        finally:
+            for svc in services.values():
+                svc.close()
+    figures: dict[str, Any] = {"partitions": partitions, "bit_for_bit": same}
+    for name in services:
+        per = (best[f"{name} {LONG_SOLVE}"] - best[f"{name} {SHORT_SOLVE}"]) / (LONG_SOLVE - SHORT_SOLVE)
+        figures[name] = per
+        figures[f"{name} once"] = best[f"{name} {SHORT_SOLVE}"] - SHORT_SOLVE * per
+    return figures
+
+
+def _report_partitioned(k: int, spread: dict[str, Any]) -> None:
+    ms = {name: 1e3 * spread[name] for name in ("partitioned", "single", "partitioned once", "single once")}
+    print(f"\ncg + Jacobi on the Poisson {k} x {k} matrix through Service.execute with a handle, per iteration: "
+          f"partitioned in {spread['partitions']} blocks over 2 Dask worker processes {ms['partitioned']:.2f} ms, "
+          f"one node {ms['single']:.2f} ms ({ms['partitioned'] / ms['single']:.1f}x); once a solve: "
+          f"{ms['partitioned once']:.0f} ms partitioned, {ms['single once']:.0f} ms one node; "
+          f"x bit for bit equal: {spread['bit_for_bit']}")
 
 
 def _round_trip_per_iteration(c, handle, b) -> float:
@@ -113,7 +184,7 @@ def _round_trip_per_iteration(c, handle, b) -> float:
     return (time.perf_counter() - start) / ROUND_TRIP_ITERATIONS
 
 
-def _report(k, n, nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service) -> None:
+def _report(k, n, nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service, spread) -> None:
     print(f"\n{datetime.date.today()} on {platform.machine()} with {os.cpu_count()} cores, "
           f"{platform.python_implementation()} {platform.python_version()}; cg + Jacobi, 2-D Poisson {k} x {k} "
           f"({n:,} unknowns, {nnz:,} entries), rtol {RTOL:g}; iterations: ours {its_ours}, scipy {its_scipy}\n")
@@ -137,9 +208,14 @@ def _report(k, n, nnz, its_ours, its_scipy, best, server_figures, scale, repeat,
               f"{1e3 * per:.2f} ms an iteration, against {1e3 * served:.2f} ms in c.cg: {per / served:.1f}x")
         figures.append(figure(f"cg iteration, Poisson {k}^2, c.cg(handle) over gRPC", served,
                               "scipy cg over c.matmul round trips", per, sizes={"n": n}))
+    if spread:
+        figures.append(figure(f"cg iteration, Poisson {k}^2, partitioned ({spread['partitions']} blocks, 2 Dask "
+                              "workers), Service.execute", spread["partitioned"], "the same on one node",
+                              spread["single"], sizes={"n": n, "partitions": int(spread["partitions"])}))
     record("solvers", figures, about="cg with Jacobi to rtol 1e-8 on the 2-D Poisson matrix, float64 CSR with "
            "int32 indices: the op in process and over gRPC with the matrix held by handle, against scipy's cg "
-           "in process (same iterations, within one); and per iteration, scipy's cg driving c.matmul round trips",
+           "in process (same iterations, within one); per iteration, scipy's cg driving c.matmul round trips; and "
+           "per iteration, the matrix partitioned over 2 Dask worker processes against one node",
            scale=scale, repeat=repeat, service=service)
 
 
@@ -148,8 +224,11 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the issue's unknowns")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-service", action="store_true", help="skip the server benchmarks")
+    parser.add_argument("--partitions", type=int, default=2, help="blocks of the partitioned cg (0: skip it)")
+    parser.add_argument("--partitioned-only", action="store_true",
+                        help="only the partitioned cg against one node, printed, not recorded")
     args = parser.parse_args()
-    run(args.scale, args.repeat, not args.no_service)
+    run(args.scale, args.repeat, not args.no_service, args.partitions, args.partitioned_only)
 
 
 if __name__ == "__main__":

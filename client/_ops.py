@@ -155,7 +155,7 @@ class ClientOps:
         """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
         kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
         maxiter 10 n, and its breakdown codes (info -10, -11); an iteration converging halfway counts.
-        a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        On a partitioned matrix it runs as cg does there. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
@@ -238,7 +238,9 @@ class ClientOps:
         """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
         norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked before each iteration, as
         scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
-        Each iteration is one parallel SpMV and fused vector passes. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        Each iteration is one parallel SpMV and fused vector passes. On a partitioned matrix (--dask-scheduler)
+        the loop runs on the replica and each SpMV on the blocks where they are, with the single-node answer
+        (preconditioner 'none' or 'jacobi'; 'ilu0' is UNIMPLEMENTED there). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
@@ -1620,7 +1622,7 @@ class AsyncClientOps:
         """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
         kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
         maxiter 10 n, and its breakdown codes (info -10, -11); an iteration converging halfway counts.
-        a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        On a partitioned matrix it runs as cg does there. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
@@ -1704,7 +1706,9 @@ class AsyncClientOps:
         """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
         norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked before each iteration, as
         scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
-        Each iteration is one parallel SpMV and fused vector passes. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        Each iteration is one parallel SpMV and fused vector passes. On a partitioned matrix (--dask-scheduler)
+        the loop runs on the replica and each SpMV on the blocks where they are, with the single-node answer
+        (preconditioner 'none' or 'jacobi'; 'ilu0' is UNIMPLEMENTED there). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real

@@ -20,8 +20,8 @@ from ._parallel import PARALLEL_LOCK, PARALLEL_MIN
 from ._sort import frozen
 from .linalg import FAST, N_GATHER_CHUNKS, U, balanced_bounds, spmv_par, spmv_rows
 
-__all__ = ["Csr", "BicgVectors", "spmv_dot", "spmv_dots", "spmv_into", "cg_update", "cg_direction", "diagonal",
-           "ilu0", "ilu0_solve", "warm_up"]
+__all__ = ["Csr", "BicgVectors", "spmv_dot", "spmv_dots", "blocked_dot", "blocked_dots", "spmv_into", "cg_update",
+           "cg_direction", "diagonal", "ilu0", "ilu0_solve", "warm_up"]
 
 BLOCK = 4096  # elements a partial sum covers
 
@@ -203,6 +203,22 @@ def spmv_dots(a: Csr, x: np.ndarray, y: np.ndarray, u: np.ndarray) -> tuple[floa
     else:
         with PARALLEL_LOCK:
             _spmv_dots_par(a.ptr, a.idx, a.vals, x, y, u, a.bounds, partial)
+    uy, yy = partial.sum(axis=0)
+    return float(uy), float(yy)
+
+
+def blocked_dot(x: np.ndarray, y: np.ndarray) -> float:
+    """x . y summed as ``spmv_dot`` sums it (fixed blocks of elements, then the blocks in order),
+    for a loop whose products are made elsewhere (a partitioned matrix's) to take the same numbers."""
+    partial = np.zeros(n_blocks(x.size))
+    _dot_blocks(frozen(x), y, 0, x.size, partial)
+    return float(partial.sum())
+
+
+def blocked_dots(u: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(u . y, y . y) summed as ``spmv_dots`` sums them."""
+    partial = np.zeros((n_blocks(y.size), 2))
+    _dots_blocks(u, y, 0, y.size, partial)
     uy, yy = partial.sum(axis=0)
     return float(uy), float(yy)
 

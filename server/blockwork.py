@@ -14,13 +14,16 @@ import numpy as np
 
 from sparseserve import kernels
 from sparseserve.core.tensor import SparseTensor
+from sparseserve.kernels import solvers as sk
 
 from .limits import check_result_bytes
 from .ops import REGISTRY
+from .ops.linalg import _csr_of_op, _rep
 from .partition import split_rows, stack_rows
 from .trust import trust
 
-__all__ = ["run_block", "reduce_partial", "dense_total", "reduce_combine", "transpose_pieces", "merge_pieces"]
+__all__ = ["run_block", "reduce_partial", "dense_total", "reduce_combine", "transpose_pieces", "merge_pieces",
+           "SolverRows"]
 
 
 def run_block(op_name: str, args: dict[str, Any], max_result_bytes: int) -> Any:
@@ -75,3 +78,41 @@ def merge_pieces(pieces: list[SparseTensor]) -> SparseTensor:
     indices, values = kernels.reorder(indices, values, first.dense_shape[:first.sparse_ndim])
     return trust(SparseTensor(indices=indices, values=values, dense_shape=first.dense_shape,
                               coalesced=all(p.coalesced for p in pieces)))
+
+
+class SolverRows:
+    """One block's rows of a partitioned square matrix, ready for a solver's products: a Dask
+    actor on the worker that holds the block, living for one solve (``cluster.BlockOperator``
+    calls it once an iteration). Its CSR arrays are made once, in the solve's dtype. A product
+    receives only the span of p that the block's columns reach (for a banded matrix, about its
+    own rows), written into a vector of the matrix's width kept here: the block's column
+    indices are used as they are, never copied to shift them."""
+
+    def __init__(self, block: SparseTensor, first_row: int, dtype: str):
+        ptr, idx, vals = _csr_of_op(_rep(block, "a", "a solver"), False)
+        self.csr = sk.Csr(ptr, idx, np.ascontiguousarray(vals, dtype))
+        self.first_row = first_row
+        self.span = (int(idx.min()), int(idx.max()) + 1) if idx.size else (0, 0)
+        self._x = np.zeros(int(block.dense_shape[1]), dtype)
+
+    def columns(self) -> tuple[int, int]:
+        """[lo, hi): the columns this block's entries reach, so the part of p it needs."""
+        return self.span
+
+    def product(self, p_span: np.ndarray) -> np.ndarray:
+        """The block's rows of A @ p, given p[lo:hi] (the SpMV of the single node, row for row)."""
+        lo, hi = self.span
+        self._x[lo:hi] = p_span
+        y = np.empty(self.csr.n, self._x.dtype)
+        sk.spmv_into(self.csr, self._x, y)
+        return y
+
+    def diagonal(self) -> np.ndarray:
+        """The block's rows of diag(A): repeated entries summed in order, as the single node's
+        ``kernels.solvers.diagonal`` sums them."""
+        ptr, idx, vals = self.csr.ptr, self.csr.idx, self.csr.vals
+        rows = np.repeat(np.arange(self.csr.n), np.diff(ptr))
+        on = idx == rows + self.first_row
+        d = np.zeros(self.csr.n, vals.dtype)
+        np.add.at(d, rows[on], vals[on])
+        return d

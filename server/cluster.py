@@ -19,6 +19,9 @@ What lives where:
 - Plans (``server/partition.py``), declared beside each op, say how it runs on blocks; an op
   without one gathers its partitioned arguments into this process first, within
   ``--max-result-bytes``, or refuses with RESOURCE_EXHAUSTED.
+- A solver on a partitioned matrix (``Krylov``) iterates here, on whole vectors; each of its
+  products is computed by Dask actors, one per block, made on the workers holding the blocks
+  for the length of the solve (``BlockOperator``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from distributed import Client, wait
 from distributed.security import Security
 
 from sparseserve.core.tensor import HandleRef, SparseTensor
+from sparseserve.kernels import solvers as sk
 from sparseserve.core.errors import (InternalError, NotFoundError, PermissionDeniedError, ResourceExhaustedError,
                                 SparseServeError, UnavailableError)
 
@@ -46,10 +50,11 @@ from . import blockwork
 from . import partition as part
 from .trust import trust
 from .limits import deadline_exceeded, seconds_left
+from .ops.solvers import inverse_diagonal
 from .sizes import tensor_nbytes
 from .store import STORE_REASON, HandleStore, new_handle
 
-__all__ = ["Cluster", "DistributedTensor", "Gathered"]
+__all__ = ["Cluster", "DistributedTensor", "Gathered", "BlockOperator"]
 
 log = logging.getLogger("sparseserve.cluster")
 
@@ -303,6 +308,8 @@ class Cluster:
             result = runner(op, plan, args, bound) if runner is not None else None
             if result is None:
                 return Gathered(self.gathered(args))
+            if isinstance(result, _Outputs):  # host values, kept (if asked) as any op's are
+                return [(out.name, value) for out, value in zip(op.outputs, result.values)]
             if isinstance(result, _Blocks):
                 if keep:
                     handle, _ = self.keep(self._distributed(result.futures, result.bounds), tenant)
@@ -430,6 +437,22 @@ class Cluster:
                 bounds.append(bounds[-1] + rows[i + 1] - rows[i])
         return _Blocks(futures, bounds)
 
+    def _krylov(self, op, plan: part.Krylov, args, bound):
+        dt = args.get(plan.tensor)
+        others = [k for k, v in args.items() if k != plan.tensor and _distributed_in(v)]
+        if not isinstance(dt, DistributedTensor) or others:  # a partitioned b or x0: gathered
+            return None
+        made: list[BlockOperator] = []
+
+        def make_operator(dtype) -> BlockOperator:
+            made.append(BlockOperator(self, dt, dtype))
+            return made[-1]
+        try:
+            return _Outputs(plan.solve(make_operator, **bound))
+        finally:  # answered, failed or past its deadline: the actors go now
+            for operator in made:
+                operator.close()
+
     # ------------------------------------------------------------- plumbing
     def _shared(self, value: Any) -> Any:
         """A whole argument as every block's task receives it: big arrays sent once."""
@@ -473,6 +496,92 @@ class Cluster:
     def _results(self, futures: list[Any]) -> list[Any]:
         self._finished(futures)
         return self.client.gather(futures)
+
+
+class BlockOperator:
+    """A partitioned square matrix as the solvers' loops use one (``server/ops/solvers.py``'s
+    ``Operator``: ``n``, ``dtype``, ``matvec``, ``spmv_dot(s)``, ``jacobi``), its products computed
+    by the workers that hold the blocks. Each block gets a Dask actor on its worker for the
+    solve (``blockwork.SolverRows``: the block made ready once); a product sends each actor the
+    span of the vector its columns reach, and writes the rows it answers into the result here.
+    Actors rather than submitted tasks: a call goes to the actor's worker without the scheduler
+    placing a task each time (about 7 ms a product on 2 local workers against 25 ms for tasks:
+    docs/solvers.md). The dot products taken here are summed as the single node's kernels sum
+    them, so the loop computes the same numbers."""
+
+    def __init__(self, cluster: Cluster, dt: DistributedTensor, dtype: np.dtype):
+        self.n = dt.bounds[-1]
+        self.dtype = np.dtype(dtype)
+        self._bounds = dt.bounds
+        self._jacobi: np.ndarray | None = None
+        self._client = client = cluster.client
+        holders = client.who_has(dt.blocks)
+        with client.as_current():  # an actor finds its client as the current one, and we set none
+            self._made = [client.submit(blockwork.SolverRows, block, dt.bounds[i], self.dtype.str, actor=True,
+                                        workers=list(holders.get(block.key, ())) or None, pure=False)
+                          for i, block in enumerate(dt.blocks)]
+            try:
+                self._rows = cluster._results(self._made)
+                self._spans = self._answers([rows.columns() for rows in self._rows])
+            except BaseException:  # never handed out, so never closed by the caller
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """The actors deleted from their workers now. Not left to garbage collection: each call
+        on an actor leaves a reference cycle in Dask (a closure that refers to itself) holding
+        the actor, and with it a reference to its key, until a collection runs; until then each
+        dataset lookup would tell the scheduler the key is wanted (a warning there once it is
+        cancelled). So the keys are cancelled and the actors' own references released."""
+        with contextlib.suppress(Exception):  # the cluster gone: nothing left to free
+            self._client.cancel(self._made)
+        for rows in getattr(self, "_rows", ()):
+            future = getattr(rows, "_future", None)  # Dask's Actor keeps its key's future there
+            if future is not None:
+                future.release()
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        y = np.empty(self.n, self.dtype)
+        self._product(np.ascontiguousarray(x, self.dtype), y)
+        return y
+
+    def spmv_dot(self, x: np.ndarray, y: np.ndarray) -> float:
+        self._product(x, y)
+        return sk.blocked_dot(x, y)
+
+    def spmv_dots(self, x: np.ndarray, y: np.ndarray, u: np.ndarray) -> tuple[float, float]:
+        self._product(x, y)
+        return sk.blocked_dots(u, y)
+
+    def jacobi(self) -> np.ndarray:
+        if self._jacobi is None:
+            self._jacobi = inverse_diagonal(np.concatenate(self._answers([rows.diagonal() for rows in self._rows])))
+        return self._jacobi
+
+    def _product(self, x: np.ndarray, y: np.ndarray) -> None:
+        """y = A @ x, every block's rows at once."""
+        calls = [rows.product(x[lo:hi]) for rows, (lo, hi) in zip(self._rows, self._spans)]
+        for answer, r0, r1 in zip(self._answers(calls), self._bounds, self._bounds[1:]):
+            y[r0:r1] = answer
+
+    @staticmethod
+    def _answers(calls: list[Any]) -> list[Any]:
+        """The actors' answers, waited for until the caller's deadline."""
+        answers = []
+        for call in calls:
+            left = seconds_left()
+            try:
+                answers.append(call.result(timeout=None if left is None else max(left, 0.0)))
+            except TimeoutError:
+                raise deadline_exceeded("while the Dask workers computed a product") from None
+        return answers
+
+
+@dataclass
+class _Outputs:
+    """A multi-output op's answer computed here (a solver's), in the op's output order."""
+
+    values: tuple[Any, ...]
 
 
 @dataclass

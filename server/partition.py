@@ -25,7 +25,7 @@ from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
 
 __all__ = ["partitionable", "row_bounds", "split_rows", "join_rows", "stack_rows", "rows_of",
-           "Rowwise", "Reduction", "Shuffle", "Stack"]
+           "Rowwise", "Reduction", "Shuffle", "Stack", "Krylov"]
 
 
 # ------------------------------------------------------------------ cutting and joining
@@ -175,6 +175,22 @@ class Stack:
     axis: Callable[[Any], int]
     tensors: str = "sp_inputs"
     kind: str = "stack"
+
+
+@dataclass(frozen=True)
+class Krylov:
+    """An iterative solver on a partitioned square matrix ``tensor``: the solver's loop runs in
+    the replica serving the call, over whole vectors, and each product A @ p is computed where
+    the blocks are, every block's worker its own rows. ``solve(make_operator, **bound)`` is the
+    op's code: it checks the call on the entry-less stand-in of the matrix (``bound[tensor]``:
+    the whole shape, so the single-node checks and messages) before any block works, then calls
+    ``make_operator(dtype)`` for the matrix as its loop uses one (``server/cluster.py``'s
+    ``BlockOperator``: ``n``, ``dtype``, ``matvec``, ``spmv_dot(s)``, ``jacobi``) and returns the
+    op's outputs."""
+
+    solve: Callable[..., tuple[Any, ...]]
+    tensor: str = "a"
+    kind: str = "krylov"
 
 
 def entry_count_error(name: str, got: int, nnz: int) -> InvalidArgumentError:

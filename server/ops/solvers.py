@@ -31,10 +31,11 @@ from sparseserve.kernels._sort import frozen
 from ..argtypes import FLOAT, INT, OPTIONAL_INT, STRING, TENSOR
 from ..limits import between_iterations
 from ..metrics import SOLVER_ITERATIONS
+from ..partition import Krylov
 from ..registry import REGISTRY, Arg, Output
 from .linalg import _csr_of_op, _rep
 
-__all__ = ["Operator", "operator_of"]
+__all__ = ["Operator", "operator_of", "inverse_diagonal"]
 
 SPARSE = ("coo", "csr", "csc", "bsr", "bsc")
 PRECONDITIONERS = ("none", "jacobi", "ilu0")
@@ -58,16 +59,19 @@ class Operator:
         sk.spmv_into(self.csr, np.ascontiguousarray(x, self.dtype), y)
         return y
 
+    def spmv_dot(self, x: np.ndarray, y: np.ndarray) -> float:
+        """y = A @ x in place; returns x . y (a partitioned matrix's operator does the same)."""
+        return sk.spmv_dot(self.csr, x, y)
+
+    def spmv_dots(self, x: np.ndarray, y: np.ndarray, u: np.ndarray) -> tuple[float, float]:
+        """y = A @ x in place; returns (u . y, y . y)."""
+        return sk.spmv_dots(self.csr, x, y, u)
+
     def jacobi(self) -> np.ndarray:
         """1 / diag(A); a zero on the diagonal is refused."""
         with self._lock:
             if self._jacobi is None:
-                d = sk.diagonal(self.csr.ptr, self.csr.idx, self.csr.vals)
-                zero = np.flatnonzero(d == 0)
-                if zero.size:
-                    raise InvalidArgumentError(f"preconditioner 'jacobi' needs a nonzero diagonal; a[{zero[0]}, "
-                                               f"{zero[0]}] is 0", reason="SINGULAR_PRECONDITIONER")
-                self._jacobi = 1 / d
+                self._jacobi = inverse_diagonal(sk.diagonal(self.csr.ptr, self.csr.idx, self.csr.vals))
             return self._jacobi
 
     def ilu0(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -98,6 +102,15 @@ class Operator:
                 return z
             return solve
         return None
+
+
+def inverse_diagonal(d: np.ndarray) -> np.ndarray:
+    """Jacobi's M^-1 from diag(A); a zero on the diagonal is refused."""
+    zero = np.flatnonzero(d == 0)
+    if zero.size:
+        raise InvalidArgumentError(f"preconditioner 'jacobi' needs a nonzero diagonal; a[{zero[0]}, {zero[0]}] "
+                                   "is 0", reason="SINGULAR_PRECONDITIONER")
+    return 1 / d
 
 
 def _canonical(ptr, idx, vals):
@@ -258,7 +271,7 @@ def _cg(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: flo
             if math.sqrt(rr) < atol:
                 return x, 0, iteration
             sk.cg_direction(p, r, w, float(rz / rz_prev) if iteration else 0.0, mode)
-            alpha = float(rz / np.float64(sk.spmv_dot(operator.csr, p, q)))
+            alpha = float(rz / np.float64(operator.spmv_dot(p, q)))
             rr, rz_jacobi = sk.cg_update(x, r, p, q, w if mode == sk.JACOBI else empty, alpha, mode)
             rz_prev = rz
             rz = np.float64(rz_jacobi if mode == sk.JACOBI else preconditioned_dot())
@@ -300,7 +313,7 @@ def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, ato
                 v.direction(0.0, 0.0, True)
             if ilu is not None:
                 sk.ilu0_solve(*ilu, frozen(v.p), v.phat)
-            rv, _ = sk.spmv_dots(operator.csr, v.phat, v.v, v.rtilde)
+            rv, _ = operator.spmv_dots(v.phat, v.v, v.rtilde)
             if rv == 0:
                 return x, -11, iteration
             alpha = rho / np.float64(rv)
@@ -309,7 +322,7 @@ def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, ato
                 return x, 0, iteration + 1
             if ilu is not None:
                 sk.ilu0_solve(*ilu, frozen(v.r), v.shat)
-            ts, tt = sk.spmv_dots(operator.csr, v.shat, v.t, v.r)
+            ts, tt = operator.spmv_dots(v.shat, v.t, v.r)
             omega = np.float64(ts) / np.float64(tt)
             rr, rho_next = v.update(float(alpha), float(omega))
             rho_prev, rho = rho, np.float64(rho_next)
@@ -389,7 +402,9 @@ _ATOL = "Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b))."
     doc=f"""Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
 norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked before each iteration, as
 scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
-Each iteration is one parallel SpMV and fused vector passes. {_COMMON_DOC}""",
+Each iteration is one parallel SpMV and fused vector passes. On a partitioned matrix (--dask-scheduler)
+the loop runs on the replica and each SpMV on the blocks where they are, with the single-node answer
+(preconditioner 'none' or 'jacobi'; 'ilu0' is UNIMPLEMENTED there). {_COMMON_DOC}""",
     args=_args(_ATOL), outputs=_OUTPUTS, iterative=True)
 def cg(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none"):
     operator = _checked("cg", a, b, x0, rtol, atol, maxiter, preconditioner)
@@ -402,12 +417,35 @@ def cg(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preco
     doc=f"""BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
 kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
 maxiter 10 n, and its breakdown codes (info -10, -11); an iteration converging halfway counts.
-{_COMMON_DOC}""",
+On a partitioned matrix it runs as cg does there. {_COMMON_DOC}""",
     args=_args(_ATOL), outputs=_OUTPUTS, iterative=True)
 def bicgstab(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none"):
     operator = _checked("bicgstab", a, b, x0, rtol, atol, maxiter, preconditioner)
     return _solve_columns("bicgstab", operator, b, x0,
                           lambda bc, xc: _bicgstab(operator, bc, xc, rtol, atol, maxiter, preconditioner))
+
+
+# ------------------------------------------------------------------ partitioned matrices (--dask-scheduler)
+def _on_blocks(op: str, loop: Callable[..., tuple[np.ndarray, int, int]]) -> Callable[..., tuple[Any, ...]]:
+    """``op`` on a partitioned matrix (``partition.Krylov``): ``a`` is the matrix's entry-less
+    stand-in with the whole shape, so the checks and their messages are the single node's; then
+    the same ``loop`` over the blocks' products (``make_operator``), so the same answer."""
+    def solve(make_operator, a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+              preconditioner: str = "none"):
+        _checked(op, a, b, x0, rtol, atol, maxiter, preconditioner)
+        if preconditioner == "ilu0":
+            raise UnimplementedError(
+                f"preconditioner 'ilu0' is not available for {op} on a partitioned matrix: its triangular "
+                "solves run row after row through the whole matrix, which the row blocks cannot share out; use "
+                "'jacobi' or 'none', or put the matrix without partitions", reason="PRECONDITIONER_NOT_PARTITIONED")
+        operator = make_operator(_compute_dtype(a, b.dtype))
+        return _solve_columns(op, operator, b, x0,
+                              lambda bc, xc: loop(operator, bc, xc, rtol, atol, maxiter, preconditioner))
+    return solve
+
+
+REGISTRY.partitioned("cg", Krylov(_on_blocks("cg", _cg)))
+REGISTRY.partitioned("bicgstab", Krylov(_on_blocks("bicgstab", _bicgstab)))
 
 
 @REGISTRY.op(
