@@ -32,7 +32,8 @@ NONE, JACOBI, GIVEN = 0, 1, 2
 
 class Csr:
     """A square matrix's CSR arrays with its SpMV's row split (computed once per matrix): chunks
-    of about equal entries whose bounds fall on ``BLOCK`` boundaries."""
+    of about equal entries whose bounds fall on ``BLOCK`` boundaries; and, for a big matrix that
+    allows it, the same entries packed (``pack``), which the parallel products read instead."""
 
     def __init__(self, ptr: np.ndarray, idx: np.ndarray, vals: np.ndarray):
         # read-only, as kernels/linalg.py passes them: one compiled signature per dtype
@@ -42,6 +43,75 @@ class Csr:
         self.bounds = np.unique(np.concatenate([[0], np.minimum((bounds + BLOCK // 2) // BLOCK * BLOCK, self.n),
                                                 [self.n]])).astype(np.int64)
         self.parallel = vals.size >= PARALLEL_MIN
+        self.packed = pack(self.ptr, self.idx, self.vals) if self.parallel else None
+
+
+# ------------------------------------------------------------------ packed entries
+# A solver's SpMV streams the whole matrix every iteration and is bound by memory: CSR float64
+# with int32 indices moves 12 bytes an entry. Matrices from stencils and graphs (a PDE's
+# Laplacian, an adjacency or incidence matrix) mostly have few distinct values and their entries
+# near the diagonal, so an entry packs into 3 bytes: its column as an int16 offset from its row
+# and its value as a uint8 code into a table of at most 256 values (index and value compression,
+# Kourtis, Goumas and Koziris, CF 2008). The products are the same numbers in the same order:
+# bit for bit the CSR kernel's. bench/solvers.py has the measurement.
+PACK_VALUES = 256
+_PACK_SLOTS = 1024  # open addressing for the distinct values: at most a quarter full
+OFFSET_MIN, OFFSET_MAX = -(1 << 15), (1 << 15) - 1  # int16
+
+
+@njit(nogil=True, cache=True)
+def _pack(ptr, idx, bits, offsets, codes, table):
+    """Fills offsets (column - row) and codes (the value's slot in table, by its bits); returns
+    the number of distinct values, or -1 as soon as an offset or the count does not fit."""
+    slots = np.full(_PACK_SLOTS, -1, np.int64)
+    count = 0
+    for i in range(ptr.size - 1):
+        for p in range(U(ptr[i]), U(ptr[i + 1])):
+            offset = np.int64(idx[p]) - i
+            if offset < OFFSET_MIN or offset > OFFSET_MAX:
+                return -1
+            offsets[p] = offset
+            key = np.uint64(bits[p])
+            slot = (key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(54)  # 10 bits: _PACK_SLOTS
+            while slots[slot] >= 0 and table[slots[slot]] != bits[p]:
+                slot = (slot + np.uint64(1)) & np.uint64(_PACK_SLOTS - 1)
+            if slots[slot] < 0:
+                if count == PACK_VALUES:
+                    return -1
+                table[count] = bits[p]
+                slots[slot] = count
+                count += 1
+            codes[p] = slots[slot]
+    return count
+
+
+def pack(ptr: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """(ptr, offsets, codes, values table) of a matrix whose entries fit (see above); else None."""
+    if vals.dtype.kind != "f":
+        return None
+    bits = vals.view(np.uint64 if vals.itemsize == 8 else np.uint32)
+    offsets, codes = np.empty(vals.size, np.int16), np.empty(vals.size, np.uint8)
+    table = np.empty(PACK_VALUES, bits.dtype)
+    count = _pack(ptr, idx, bits, offsets, codes, table)
+    if count < 0:
+        return None
+    return ptr, frozen(offsets), frozen(codes), frozen(table[:count].view(vals.dtype))
+
+
+@njit(nogil=True, cache=True, fastmath=FAST)
+def packed_rows(ptr, offsets, codes, table, x, y, lo, hi):
+    """``spmv_rows`` over packed entries (no prefetch: the columns are near the rows)."""
+    for i in range(lo, hi):
+        acc = y.dtype.type(0)
+        for p in range(U(ptr[i]), U(ptr[i + 1])):
+            acc += table[U(codes[p])] * x[U(i + offsets[p])]
+        y[i] = acc
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _packed_par(ptr, offsets, codes, table, x, y, bounds):
+    for c in prange(bounds.size - 1):
+        packed_rows(ptr, offsets, codes, table, x, y, bounds[c], bounds[c + 1])
 
 
 def n_blocks(n: int) -> int:
@@ -71,6 +141,13 @@ def _spmv_dot_par(ptr, idx, vals, x, y, bounds, partial):
         _dot_blocks(x, y, bounds[c], bounds[c + 1], partial)
 
 
+@njit(nogil=True, cache=True, parallel=True)
+def _packed_dot_par(ptr, offsets, codes, table, x, y, bounds, partial):
+    for c in prange(bounds.size - 1):
+        packed_rows(ptr, offsets, codes, table, x, y, bounds[c], bounds[c + 1])
+        _dot_blocks(x, y, bounds[c], bounds[c + 1], partial)
+
+
 def spmv_dot(a: Csr, x: np.ndarray, y: np.ndarray) -> float:
     """y = A @ x in place, and returns x . y (the rows of y read back while in cache)."""
     partial = np.zeros(n_blocks(a.n))
@@ -80,7 +157,10 @@ def spmv_dot(a: Csr, x: np.ndarray, y: np.ndarray) -> float:
         _dot_blocks(x, y, 0, a.n, partial)
     else:
         with PARALLEL_LOCK:
-            _spmv_dot_par(a.ptr, a.idx, a.vals, x, y, a.bounds, partial)
+            if a.packed is None:
+                _spmv_dot_par(a.ptr, a.idx, a.vals, x, y, a.bounds, partial)
+            else:
+                _packed_dot_par(*a.packed, x, y, a.bounds, partial)
     return float(partial.sum())
 
 
@@ -91,7 +171,10 @@ def spmv_into(a: Csr, x: np.ndarray, y: np.ndarray) -> None:
         spmv_rows(a.ptr, a.idx, a.vals, x, y, 0, a.n)
         return
     with PARALLEL_LOCK:
-        spmv_par(a.ptr, a.idx, a.vals, x, y, a.bounds)
+        if a.packed is None:
+            spmv_par(a.ptr, a.idx, a.vals, x, y, a.bounds)
+        else:
+            _packed_par(*a.packed, x, y, a.bounds)
 
 
 # ------------------------------------------------------------------ conjugate gradients
@@ -193,6 +276,13 @@ def _spmv_dots_par(ptr, idx, vals, x, y, u, bounds, partial):
         _dots_blocks(u, y, bounds[c], bounds[c + 1], partial)
 
 
+@njit(nogil=True, cache=True, parallel=True)
+def _packed_dots_par(ptr, offsets, codes, table, x, y, u, bounds, partial):
+    for c in prange(bounds.size - 1):
+        packed_rows(ptr, offsets, codes, table, x, y, bounds[c], bounds[c + 1])
+        _dots_blocks(u, y, bounds[c], bounds[c + 1], partial)
+
+
 def spmv_dots(a: Csr, x: np.ndarray, y: np.ndarray, u: np.ndarray) -> tuple[float, float]:
     """y = A @ x in place; returns (u . y, y . y)."""
     partial = np.zeros((n_blocks(a.n), 2))
@@ -202,7 +292,10 @@ def spmv_dots(a: Csr, x: np.ndarray, y: np.ndarray, u: np.ndarray) -> tuple[floa
         _dots_blocks(u, y, 0, a.n, partial)
     else:
         with PARALLEL_LOCK:
-            _spmv_dots_par(a.ptr, a.idx, a.vals, x, y, u, a.bounds, partial)
+            if a.packed is None:
+                _spmv_dots_par(a.ptr, a.idx, a.vals, x, y, u, a.bounds, partial)
+            else:
+                _packed_dots_par(*a.packed, x, y, u, a.bounds, partial)
     uy, yy = partial.sum(axis=0)
     return float(uy), float(yy)
 
@@ -403,6 +496,11 @@ def warm_up() -> None:
             bounds = np.array([0, 2], np.int64)
             _spmv_dot_par(a.ptr, a.idx, a.vals, frozen(x), y, bounds, np.zeros(1))
             spmv_par(a.ptr, a.idx, a.vals, frozen(x), y, bounds)
+            packed = pack(a.ptr, a.idx, a.vals)
+            assert packed is not None
+            _packed_par(*packed, frozen(x), y, bounds)
+            _packed_dot_par(*packed, frozen(x), y, bounds, np.zeros(1))
+            _packed_dots_par(*packed, frozen(x), y, x, bounds, np.zeros((1, 2)))
             d = diagonal(a.ptr, a.idx, a.vals)
             lu, diag_pos, _ = ilu0(a.ptr, a.idx, a.vals)
             ilu0_solve(a.ptr, a.idx, frozen(lu), frozen(diag_pos), x, y)

@@ -16,6 +16,7 @@ import scipy.sparse.linalg as spla
 from scipy.linalg import solve_triangular
 
 from sparseserve import DeadlineExceededError, InvalidArgumentError, SparseTensor
+from sparseserve.kernels import solvers as sk
 from sparseserve.server.ops.solvers import operator_of
 from conftest import WIRES, ServerProcess, make_client, op_raises, run_op
 
@@ -138,6 +139,44 @@ def test_what_a_held_matrix_keeps_is_made_once():
     assert operator_of(held) is first and first.ilu0() is first.ilu0() and first.jacobi() is first.jacobi()
     sent = tensor_of(spd(30, seed=4))  # writable: a tensor sent inline keeps nothing
     assert operator_of(sent) is not operator_of(sent)
+
+
+@pytest.mark.parametrize("dtype, index", [(np.float64, np.int32), (np.float32, np.int64)])
+def test_packed_entries_give_the_csr_kernels_numbers(dtype, index):
+    """A big stencil matrix is packed (3 bytes an entry): its products are the CSR kernel's bit for
+    bit, and scipy's to rounding; matrices whose entries do not fit keep CSR."""
+    a = poisson(130)  # 84,000 entries: the parallel products, where packing applies
+    ptr, idx, vals = a.indptr.astype(index), a.indices.astype(index), a.data.astype(dtype)
+    packed, plain = sk.Csr(ptr, idx, vals), sk.Csr(ptr, idx, vals)
+    plain.packed = None
+    assert packed.parallel and packed.packed is not None and packed.packed[3].size == 2  # the values 4, -1
+    rng = np.random.default_rng(5)
+    x, u = rng.standard_normal(a.shape[0]).astype(dtype), rng.standard_normal(a.shape[0]).astype(dtype)
+    y_packed, y_plain = np.empty_like(x), np.empty_like(x)
+    sk.spmv_into(packed, x, y_packed)
+    sk.spmv_into(plain, x, y_plain)
+    np.testing.assert_array_equal(y_packed, y_plain)
+    np.testing.assert_allclose(y_packed, a.astype(dtype) @ x, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert sk.spmv_dot(packed, x, y_packed) == sk.spmv_dot(plain, x, y_plain)
+    assert sk.spmv_dots(packed, x, y_packed, u) == sk.spmv_dots(plain, x, y_plain, u)
+    np.testing.assert_array_equal(y_packed, y_plain)
+    many_values = a.astype(np.float64)
+    many_values.data = rng.standard_normal(a.nnz)  # more than 256 distinct values
+    assert sk.pack(many_values.indptr, many_values.indices, many_values.data) is None
+    far = sp.csr_array(poisson(200) + sp.csr_array(([1.0], ([0], [39_999])), shape=(40_000, 40_000)))
+    assert sk.pack(far.indptr, far.indices, far.data) is None  # an entry 39,999 columns off its row
+    near = poisson(200)
+    assert sk.pack(near.indptr, near.indices, near.data) is not None
+
+
+def test_cg_on_a_packed_matrix_answers_as_scipy():
+    a = poisson(130)
+    b = np.random.default_rng(6).standard_normal(a.shape[0])
+    assert operator_of(tensor_of(a)).csr.packed is not None
+    x, info, iterations, _ = run_op("cg", a=tensor_of(a), b=b, rtol=1e-8, preconditioner="jacobi")
+    want, want_info, want_iterations = scipy_solve("cg", a, b, "jacobi", rtol=1e-8)
+    assert int(info) == want_info == 0 and abs(int(iterations) - want_iterations) <= 1
+    np.testing.assert_allclose(x, want, rtol=1e-6, atol=1e-8 * np.linalg.norm(want))
 
 
 @pytest.mark.parametrize("op", ["cg", "bicgstab", "gmres", "minres"])
