@@ -1265,7 +1265,7 @@ class ClientOps:
     def solve(self, factor: Sequence[TensorLike], b: TensorLike, *, keep: bool = False,
               request_id: str | None = None) -> Tensor:
         """x with a @ x = b from a factorization that factorize made (kept: pass its four handles as factor): two
-        sparse triangular solves (scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
+        sparse triangular solves (held to scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
         vector [n] or block [n, k] of the factor's dtype. A factor that is not factorize's shape (four tensors:
         triangular L and U of one order, two permutations) is INVALID_ARGUMENT (BAD_FACTOR).
 
@@ -2747,7 +2747,7 @@ class AsyncClientOps:
     async def solve(self, factor: Sequence[TensorLike], b: TensorLike, *, keep: bool = False,
                     request_id: str | None = None) -> Tensor:
         """x with a @ x = b from a factorization that factorize made (kept: pass its four handles as factor): two
-        sparse triangular solves (scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
+        sparse triangular solves (held to scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
         vector [n] or block [n, k] of the factor's dtype. A factor that is not factorize's shape (four tensors:
         triangular L and U of one order, two permutations) is INVALID_ARGUMENT (BAD_FACTOR).
 

@@ -18,6 +18,7 @@ import scipy.sparse.linalg as sla
 from sparseserve import (DeadlineExceededError, InvalidArgumentError, NotFoundError, PermissionDeniedError,
                          SparseTensor)
 from sparseserve.core.convert import scipy_to_sparse
+from sparseserve.kernels import solvers as sk
 from conftest import WIRES, ServerProcess, make_client, op_raises, run_op
 
 ALICE, BOB = "alice-eigen-token", "bob-eigen-token"
@@ -115,6 +116,28 @@ def test_factorize_then_solve_equals_splu():
     for b in (rng.random(200), rng.random((200, 4))):
         x = run_op("solve", factor=[lower, upper, perm_r, perm_c], b=b)
         np.testing.assert_allclose(x, lu.solve(b), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128, np.complex64])
+def test_the_triangular_solves_are_scipys(dtype):
+    """solve's kernels against the spsolve_triangular they replace (kernels/solvers.py)."""
+    rng = np.random.default_rng(8)
+    m = sp.random_array((120, 120), density=0.1, rng=rng) + sp.eye_array(120) * 2
+    m = (m + 1j * sp.random_array((120, 120), density=0.1, rng=rng)).astype(dtype) if np.iscomplexobj(
+        np.empty(0, dtype)) else m.astype(dtype)
+    tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-12
+    for lower in (True, False):
+        t = sp.csr_array(sp.tril(m) if lower else sp.triu(m))
+        ptr, idx = t.indptr.astype(np.int64), t.indices.astype(np.int64)
+        b = rng.standard_normal(120).astype(dtype)
+        got = b.copy()
+        if lower:
+            sk.unit_lower_solve(ptr, idx, t.data, got)
+        else:
+            assert sk.upper_solve(ptr, idx, t.data, got) == -1
+        want = sla.spsolve_triangular(t, b, lower=lower, unit_diagonal=lower)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        assert sk.misplaced_row(ptr, idx, lower) == -1 and sk.misplaced_row(ptr, idx, not lower) >= 0
 
 
 # ------------------------------------------------------------------ refusals

@@ -10,8 +10,9 @@ A factorization is kept as four ordinary tensors, ``[L, U, perm_r, perm_c]`` (th
 ``factor``): ``Pr @ A @ Pc = L @ U`` as scipy's ``splu`` defines them. Plain tensors need nothing
 new from the store: they count against its budget, spill to disk, stay with their tenant and go
 with ``delete`` like any handle. ``solve`` rebuilds the answer with two triangular solves
-(``spsolve_triangular``); SuperLU's own solve object is faster per solve (measured in
-``docs/solvers.md``) but is no tensor, so it could not be spilled, downloaded or kept durable.
+(``kernels/solvers.py``, held to scipy's ``spsolve_triangular``); SuperLU's own solve object is
+faster per solve (measured in ``docs/solvers.md``) but is no tensor, so it could not be spilled,
+downloaded or kept durable.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.kernels import linalg as lk
+from sparseserve.kernels import solvers as sk
 
 from ..argtypes import FLOAT, INT, STRING, TENSOR, TENSORS
 from ..limits import between_iterations
@@ -325,14 +327,12 @@ def _factor(factor: list[Any]) -> tuple[sp.csr_array, sp.csr_array, np.ndarray, 
     if U.shape != L.shape or U.dtype != L.dtype:
         raise _bad(f"factor[1] is {list(U.shape)} {U.dtype} and factor[0] {list(L.shape)} {L.dtype}; "
                    "solve needs factorize's L and U of one order and dtype", "BAD_FACTOR")
-    rows, cols = L.nonzero()
-    if (cols > rows).any():
-        raise _bad("factor[0] is not lower triangular; solve needs factorize's L", "BAD_FACTOR")
-    rows, cols = U.nonzero()
-    if (cols < rows).any():
-        raise _bad("factor[1] is not upper triangular; solve needs factorize's U", "BAD_FACTOR")
-    if U.diagonal().size and not np.all(U.diagonal() != 0):
-        raise _bad("factor[1] has a zero on its diagonal; solve needs factorize's U", "BAD_FACTOR")
+    for i, (m, lower) in enumerate(((L, True), (U, False))):
+        m.indptr, m.indices = m.indptr.astype(np.int64, copy=False), m.indices.astype(np.int64, copy=False)
+        row = sk.misplaced_row(m.indptr, m.indices, lower)
+        if row >= 0:
+            raise _bad(f"factor[{i}] is not {'lower' if lower else 'upper'} triangular (row {row}); solve needs "
+                       f"factorize's {'L' if lower else 'U'}", "BAD_FACTOR")
     perms = []
     for i, perm in ((2, perm_r), (3, perm_c)):
         if not (isinstance(perm, np.ndarray) and perm.ndim == 1 and perm.dtype.kind in "iu"
@@ -346,7 +346,7 @@ def _factor(factor: list[Any]) -> tuple[sp.csr_array, sp.csr_array, np.ndarray, 
 @REGISTRY.op(
     "solve",
     doc="""x with a @ x = b from a factorization that factorize made (kept: pass its four handles as factor): two
-sparse triangular solves (scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
+sparse triangular solves (held to scipy.sparse.linalg.spsolve_triangular), no new factorization. b is a finite dense
 vector [n] or block [n, k] of the factor's dtype. A factor that is not factorize's shape (four tensors:
 triangular L and U of one order, two permutations) is INVALID_ARGUMENT (BAD_FACTOR).""",
     args=[Arg("factor", TENSORS, "factorize's [L, U, perm_r, perm_c] (handles).", layouts=(*SPARSE, "dense")),
@@ -354,12 +354,14 @@ triangular L and U of one order, two permutations) is INVALID_ARGUMENT (BAD_FACT
     outputs=[Output("x", "dense", "The solution, b's shape.")],
 )
 def solve(factor: list[Any], b: np.ndarray) -> np.ndarray:
-    _, sla = _scipy("solve")
     L, U, perm_r, perm_c = _factor(factor)
     rhs = _rhs(b, L.shape[0], L.dtype, "solve")
     # Pr a Pc = L U: a x = b is L U (Pc^T x) = Pr b.
-    y = np.empty_like(rhs)
-    y[perm_r] = rhs
-    z = sla.spsolve_triangular(L, y, lower=True, unit_diagonal=True, overwrite_b=True)
-    w = sla.spsolve_triangular(U, z, lower=False, overwrite_b=True)
-    return np.ascontiguousarray(w[perm_c])
+    y = np.empty((rhs[0].size, rhs.shape[0]), rhs.dtype)  # a right-hand side a row, each contiguous
+    y[:, perm_r] = rhs.reshape(rhs.shape[0], -1).T
+    for column in y:
+        sk.unit_lower_solve(L.indptr, L.indices, L.data, column)
+        row = sk.upper_solve(U.indptr, U.indices, U.data, column)
+        if row >= 0:
+            raise _bad(f"factor[1] has a zero on its diagonal (row {row}); solve needs factorize's U", "BAD_FACTOR")
+    return np.ascontiguousarray(y[:, perm_c].T.reshape(rhs.shape))
