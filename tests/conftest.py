@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from queue import Empty, Queue
 
 import pytest
 from hypothesis import settings
@@ -26,40 +27,104 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+# What the session starts before the tests need it: the final kernel warm-up, the session's server.
+_early: dict = {}
+
+# A worker of pytest_sessionstart: warms up the kernel module named on each line of its stdin,
+# then answers with a line of how many signatures numba had to compile so far (not in its cache).
+_WARM_UP_WORKER = """
+import importlib, sys
+from numba.core.registry import CPUDispatcher
+for name in sys.stdin:
+    importlib.import_module('sparseserve.kernels.' + name.strip()).warm_up()
+    kernels = [m for key, m in list(sys.modules.items()) if key.startswith('sparseserve.kernels.')]
+    print(sum(sum(d.stats.cache_misses.values()) for m in kernels for d in vars(m).values()
+              if isinstance(d, CPUDispatcher)), flush=True)
+"""
+
+
 def pytest_sessionstart(session):
     """Compile every kernel into numba's disk cache before the first test, so that no test's
     time limit (pytest-timeout's 300 s) has to cover a fresh clone's cold compile (2-5 min, more
     on a loaded machine); servers and in-process tests then load the kernels from the cache
     in seconds. Where the cache is warm this takes those seconds."""
     start = time.monotonic()
-    # A cold compile is CPU-bound in one thread: the kernel modules are compiled in two processes
-    # at once (a fresh clone's 267 s -> ~150 s on 2 cores), split by source size. A function both
-    # compile may keep only one process's signatures in numba's index (each writes it whole), so
-    # the full warm-up runs after them, loading the rest and compiling anything missing.
-    halves: list[list[str]] = [[], []]
-    weights = [0, 0]
+    # A cold compile is CPU-bound in one thread: two processes (more where there are the cores)
+    # compile the kernel modules at once, each taking the next module, largest source first, when
+    # it is done with one. Their compile times differ fourfold whatever their size, so a split
+    # made beforehand left one process idle for a fifth of a fresh clone's compile.
+    modules: Queue[str] = Queue()
     for path in sorted((ROOT / "kernels").glob("*.py"), key=lambda p: -p.stat().st_size):
         if "def warm_up" in path.read_text() and path.stem != "__init__":
-            lighter = weights.index(min(weights))
-            halves[lighter].append(path.stem)
-            weights[lighter] += path.stat().st_size
-    code = ("import importlib, sys\nfor name in sys.argv[1:]:\n"
-            "    importlib.import_module('sparseserve.kernels.' + name).warm_up()\n")
-    workers = [subprocess.Popen([sys.executable, "-c", code, *half], cwd=ROOT) for half in halves if half]
-    for worker in workers:
+            modules.put(path.stem)
+    compiled: list[int] = []  # the workers' answers: anything but zeros means something was compiled
+
+    def drive(worker: subprocess.Popen) -> None:
+        assert worker.stdin is not None and worker.stdout is not None
+        with worker.stdin, worker.stdout:
+            while True:
+                try:
+                    name = modules.get_nowait()
+                except Empty:
+                    return
+                worker.stdin.write(name + "\n")
+                worker.stdin.flush()
+                answer = worker.stdout.readline()
+                if not answer:  # it failed (its error is on stderr): the full warm-up after says so
+                    compiled.append(1)
+                    return
+                compiled.append(int(answer))
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    count = max(2, min(4, cores))
+    workers = [subprocess.Popen([sys.executable, "-c", _WARM_UP_WORKER], cwd=ROOT, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(count)]
+    drivers = [threading.Thread(target=drive, args=(worker,)) for worker in workers]
+    for thread in drivers:
+        thread.start()
+    for thread, worker in zip(drivers, workers):
+        thread.join()
         worker.wait(timeout=1800)
-    subprocess.run([sys.executable, "-c", "from sparseserve.kernels import warm_up; warm_up()"],
-                   cwd=ROOT, check=True, timeout=1800)
+    # A function two workers compiled may keep only one's signatures in numba's index (each writes
+    # it whole): where anything was compiled, a full warm-up loads the rest and compiles what is
+    # missing. Where all came from the cache, it has every signature already.
+    if any(compiled):  # pytest collects the tests meanwhile (seconds on one core)
+        _early["warm_up"] = subprocess.Popen(
+            [sys.executable, "-c", "from sparseserve.kernels import warm_up; warm_up()"], cwd=ROOT)
     seconds = time.monotonic() - start
     if seconds > 30:
         print(f"\nkernels compiled into numba's cache in {seconds:.0f} s")
+
+
+def pytest_collection(session):
+    # The session's server starts (~4 s, most of it on a core of its own) while pytest collects.
+    _early["server"] = ServerProcess(wait=False)
+
+
+def pytest_collection_finish(session):
+    warm_up = _early.pop("warm_up", None)
+    if warm_up is not None and warm_up.wait(timeout=1800) != 0:
+        raise subprocess.CalledProcessError(warm_up.returncode, warm_up.args)
+    needed = not session.config.option.collectonly and any("server" in getattr(item, "fixturenames", ())
+                                                               for item in session.items)
+    if not needed:
+        _early.pop("server").stop(signal.SIGKILL)
+
+
+def pytest_sessionfinish(session):
+    # What was started early and never used (when collection failed, say) ends with the session.
+    if (srv := _early.pop("server", None)) is not None:
+        srv.stop(signal.SIGKILL)
+    if (warm_up := _early.pop("warm_up", None)) is not None:
+        warm_up.wait()
 
 
 class ServerProcess:
     """``sparseserve serve`` in a child process; ports are read from its "listening" line."""
 
     def __init__(self, *flags: str, env: dict[str, str] | None = None, wait_ready: bool = True,
-                 timeout: float = 120.0):  # kernels load from the cache pytest_sessionstart fills
+                 timeout: float = 120.0,  # kernels load from the cache pytest_sessionstart fills
+                 wait: bool = True):  # False: started(...) waits for it later
         cmd = [sys.executable, "-m", "sparseserve.cli", "serve", "--grpc-port", "0", "--http-port", "0",
                "--log-level", "warning", *flags]
         self.events: list[dict] = []
@@ -69,6 +134,11 @@ class ServerProcess:
                                      env={**os.environ, **(env or {})}, cwd=ROOT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        if wait:
+            self.started(wait_ready, timeout)
+
+    def started(self, wait_ready: bool = True, timeout: float = 120.0) -> ServerProcess:
+        """Wait for the "listening" line (and with ``wait_ready`` the "ready" one); its ports."""
         try:
             listening = self.wait_for("listening", timeout)
             self.grpc_port = listening["grpc_port"]
@@ -81,6 +151,7 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
             raise
+        return self
 
     def _read(self):
         for line in self.proc.stdout:
@@ -132,10 +203,34 @@ def array_backend(request):
 
 @pytest.fixture(scope="session")
 def server():
-    srv = ServerProcess()
+    srv = (_early.pop("server", None) or ServerProcess(wait=False)).started()
     yield srv
     code = srv.stop()
     assert code == 0, f"server exited with {code}: {srv.log()}"
+
+
+# Flags more than one module's server has: shared_server starts one server for them all.
+ONE_KERNEL_SLOT = ("--workers", "1", "--max-concurrency", "1", "--max-queue", "2")  # overload, solver_progress
+ONE_TOKEN = "one-test-token"
+ONE_TOKEN_INFO_LOGS = ("--log-level", "info", "--token", ONE_TOKEN)  # observability, docs_offline
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """``shared_server(*flags)``: one server per set of flags for the whole session, so that
+    modules wanting the same flags share it instead of each starting one (3-5 s a start). Use it
+    only for a server no test stops or breaks; each is stopped, and must exit 0, at the end."""
+    started: dict[tuple[str, ...], ServerProcess] = {}
+
+    def get(*flags: str) -> ServerProcess:
+        if flags not in started:
+            started[flags] = ServerProcess(*flags)
+        return started[flags]
+
+    yield get
+    for flags, srv in started.items():
+        code = srv.stop()
+        assert code == 0, f"server {flags} exited with {code}: {srv.log()}"
 
 
 # The three ways the SDK can reach a server.

@@ -487,8 +487,10 @@ def test_a_worker_killed_mid_request_gives_the_answer_or_a_clear_error():
 # ------------------------------------------------------------------ real servers, the SDK
 def test_servers_on_one_cluster_over_both_wires(cluster, dask):
     flags = ("--dask-scheduler", cluster.scheduler_address, "--distribute-above-bytes", "0")
-    first, second = ServerProcess(*flags), ServerProcess(*flags)
+    first, second = ServerProcess(*flags, wait=False), ServerProcess(*flags, wait=False)  # starting at once
     try:
+        first.started()
+        second.started()
         with make_client(first, "grpc") as grpc_client, make_client(second, "rest-json") as rest_client:
             put_progress, get_progress = [], []
             handle = grpc_client.put(A, partitions=2, progress=lambda *done_total: put_progress.append(done_total))
@@ -586,8 +588,10 @@ def test_replicas_speak_tls_to_the_dask_cluster(tls_cluster, dask_tls):
     """Over tls:// with the replica's certificate: two replicas share a partitioned handle whose
     blocks live on TLS-only workers, with exact answers over both wires."""
     flags = ("--dask-scheduler", tls_cluster.scheduler_address, *tls_flags(dask_tls))
-    first, second = ServerProcess(*flags), ServerProcess(*flags)
+    first, second = ServerProcess(*flags, wait=False), ServerProcess(*flags, wait=False)  # starting at once
     try:
+        first.started()
+        second.started()
         with make_client(first, "grpc") as grpc_client, make_client(second, "rest-json") as rest_client:
             handle = grpc_client.put(A, partitions=2)
             v = np.arange(40.0)
@@ -672,5 +676,5 @@ def test_without_a_scheduler_dask_is_never_imported():
 
 def test_an_unreachable_scheduler_stops_the_server_at_start_with_the_reason():
     with pytest.raises(RuntimeError, match="cannot reach the Dask scheduler") as err:
-        ServerProcess("--dask-scheduler", "tcp://127.0.0.1:1", timeout=120)
+        ServerProcess("--dask-scheduler", "tcp://127.0.0.1:1", "--dask-connect-timeout", "1", timeout=120)
     assert "--dask-scheduler tcp://127.0.0.1:1" in str(err.value)

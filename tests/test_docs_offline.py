@@ -139,37 +139,34 @@ def test_swagger_ui_lists_the_ops_and_runs_one_offline(server, browser):
     assert_all_local(server, requests_made(browser))
 
 
-def test_on_a_server_with_tokens_the_page_takes_one_and_sends_it(browser):
+def test_on_a_server_with_tokens_the_page_takes_one_and_sends_it(browser, shared_server):
     """The OpenAPI document declares the bearer scheme on the routes that need a token (not on the
     probes or the docs), so Swagger UI's Authorize button takes one and "Try it out" sends it."""
     from selenium.webdriver.common.by import By
 
-    from conftest import ServerProcess
+    from conftest import ONE_TOKEN, ONE_TOKEN_INFO_LOGS
 
-    srv = ServerProcess("--token", "docs-token")
-    try:
-        paths = httpx.get(f"{srv.http_url}/openapi.json").json()["paths"]
-        assert paths["/v1/ops/to_dense"]["post"]["security"] == [{"bearer": []}]
-        assert "security" not in paths["/v2/health/ready"]["get"] and "security" not in paths["/healthz"]["get"]
+    srv = shared_server(*ONE_TOKEN_INFO_LOGS)  # tests/test_observability.py's server
+    paths = httpx.get(f"{srv.http_url}/openapi.json").json()["paths"]
+    assert paths["/v1/ops/to_dense"]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in paths["/v2/health/ready"]["get"] and "security" not in paths["/healthz"]["get"]
 
-        browser.get("about:blank")
-        requests_made(browser)  # the log so far is the other tests'
-        browser.get(f"{srv.http_url}/docs")
-        status, answer = try_to_dense(browser)  # no token yet: refused, saying why
-        assert status == "401" and json.loads(answer)["error"]["reason"] == "MISSING_TOKEN", (status, answer)
-        browser.get(f"{srv.http_url}/docs")  # afresh, then authorize first
-        wait_for(browser, lambda d: d.find_elements(By.ID, "operations-ops-op_to_dense_v1_ops_to_dense_post"),
-                 "to_dense's operation")
-        browser.find_element(By.CSS_SELECTOR, ".btn.authorize").click()
-        field = wait_for(browser, lambda d: d.find_elements(By.ID, "auth-bearer-value"), "the token field")[0]
-        field.send_keys("docs-token")
-        browser.find_element(By.CSS_SELECTOR, ".auth-btn-wrapper .btn.authorize").click()
-        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".auth-btn-wrapper .btn-done"), "Close")[0].click()
-        status, answer = try_to_dense(browser)
-        assert status == "200" and json.loads(answer) == TO_DENSE_ANSWER, (status, answer)
-        assert_all_local(srv, requests_made(browser))
-    finally:
-        srv.stop()
+    browser.get("about:blank")
+    requests_made(browser)  # the log so far is the other tests'
+    browser.get(f"{srv.http_url}/docs")
+    status, answer = try_to_dense(browser)  # no token yet: refused, saying why
+    assert status == "401" and json.loads(answer)["error"]["reason"] == "MISSING_TOKEN", (status, answer)
+    browser.get(f"{srv.http_url}/docs")  # afresh, then authorize first
+    wait_for(browser, lambda d: d.find_elements(By.ID, "operations-ops-op_to_dense_v1_ops_to_dense_post"),
+             "to_dense's operation")
+    browser.find_element(By.CSS_SELECTOR, ".btn.authorize").click()
+    field = wait_for(browser, lambda d: d.find_elements(By.ID, "auth-bearer-value"), "the token field")[0]
+    field.send_keys(ONE_TOKEN)
+    browser.find_element(By.CSS_SELECTOR, ".auth-btn-wrapper .btn.authorize").click()
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".auth-btn-wrapper .btn-done"), "Close")[0].click()
+    status, answer = try_to_dense(browser)
+    assert status == "200" and json.loads(answer) == TO_DENSE_ANSWER, (status, answer)
+    assert_all_local(srv, requests_made(browser))
 
 
 def test_redoc_lists_the_ops_offline(server, browser):

@@ -19,9 +19,9 @@ from sparseserve import AsyncClient, Client, SparseTensor
 from sparseserve.errors import (InvalidArgumentError, NotFoundError, SparseServeError, UnauthenticatedError,
                                 UnavailableError)
 
-from conftest import WIRES, ServerProcess, make_client
+from conftest import ONE_TOKEN, ONE_TOKEN_INFO_LOGS, WIRES, ServerProcess, make_client
 
-TOKEN = "obs-token"
+TOKEN = ONE_TOKEN
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 FRESH_ID = re.compile(r"[0-9a-f]{32}")
 GOOD = SparseTensor(indices=[[1, 2], [0, 0]], values=[2.0, 1.0], dense_shape=[3, 4])
@@ -29,11 +29,9 @@ BAD = SparseTensor(indices=[[0, 9]], values=[1.0], dense_shape=[3, 4])  # index 
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess("--log-level", "info", "--token", TOKEN)
-    yield s
-    code = s.stop()
-    assert code == 0, f"server exited with {code}: {s.log()}"
+def srv(shared_server):
+    """A server logging at INFO with one token (tests/test_docs_offline.py's too)."""
+    return shared_server(*ONE_TOKEN_INFO_LOGS)
 
 
 def client(s: ServerProcess, wire: str) -> Client:

@@ -257,7 +257,10 @@ def test_rest_forms_of_a_list_output(server):
     out = json.loads(_post(server, "/v1/ops/split", body))["outputs"]
     assert [len(p["indices"]) for p in out["output"]] == [4, 1]
     kept = json.loads(_post(server, "/v1/ops/split?keep=true", body))["outputs"]["output"]
-    assert all(set(h) == {"handle"} for h in kept) and len(kept) == 2
+    assert all(set(h) == {"handle", "info"} for h in kept) and len(kept) == 2
+    # Each kept part says what it holds: the two halves' shapes and entries.
+    assert [(h["info"]["layout"], h["info"]["shape"], h["info"]["nnz"]) for h in kept] == \
+        [("coo", [p["dense_shape"][0], p["dense_shape"][1]], len(p["indices"])) for p in out["output"]]
     raw = pb.ExecuteResponse.FromString(_post(server, "/v1/ops/split", body, "application/x-protobuf"))
     assert [o.name for o in raw.outputs] == ["output[]", "output[0]", "output[1]"]
     catalogue = json.loads(urllib.request.urlopen(server.http_url + "/v1/ops").read())

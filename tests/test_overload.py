@@ -21,7 +21,7 @@ from sparseserve import Client, SparseTensor
 from sparseserve.core.tensor import HandleRef, OutputRef
 from sparseserve.errors import DeadlineExceededError, SparseServeError, UnavailableError
 
-from conftest import WIRES, ServerProcess, make_client
+from conftest import ONE_KERNEL_SLOT, WIRES, ServerProcess, make_client
 
 G = SparseTensor(indices=[[0, 0], [1, 2]], values=[1.0, 2.0], dense_shape=[3, 4])
 
@@ -54,10 +54,11 @@ def idle(s: ServerProcess) -> bool:
 
 
 @pytest.fixture(scope="module")
-def busy():
-    """One kernel thread, one slot, a queue of two; the slow factors stored by handle, so each
-    call is a tiny request that takes exactly one slot."""
-    s = ServerProcess("--workers", "1", "--max-concurrency", "1", "--max-queue", "2")
+def busy(shared_server):
+    """One kernel thread, one slot, a queue of two (a server tests/test_solver_progress.py uses
+    too); the slow factors stored by handle, so each call is a tiny request that takes exactly
+    one slot."""
+    s = shared_server(*ONE_KERNEL_SLOT)
     with Client(s.grpc_target) as c:
         s.factors = [c.put(t).handle for t in slow_factors()]
         times = []
@@ -67,8 +68,9 @@ def busy():
             times.append(time.perf_counter() - start)
         s.kernel_seconds = min(times[1:])  # about 0.45 s here
     yield s
-    code = s.stop()
-    assert code == 0, f"server exited with {code}: {s.log()}"
+    with Client(s.grpc_target) as c:
+        for handle in s.factors:
+            c.delete(handle)
 
 
 def _refs(s: ServerProcess) -> list[HandleRef]:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ServerProcess
+from conftest import ONE_KERNEL_SLOT
 from sparseserve import AsyncClient, Client
 from sparseserve.errors import DeadlineExceededError, InvalidArgumentError, UnimplementedError
 
@@ -38,11 +38,10 @@ def held(server):
 
 
 @pytest.fixture(scope="module")
-def one_worker():
-    """A server with one kernel slot: work left running after its caller went would hold it."""
-    srv = ServerProcess("--workers", "1", "--max-concurrency", "1")
-    yield srv
-    assert srv.stop() == 0, srv.log()
+def one_worker(shared_server):
+    """A server with one kernel slot (tests/test_overload.py's): work left running after its
+    caller went would hold it."""
+    return shared_server(*ONE_KERNEL_SLOT)
 
 
 class Recorder:

@@ -73,7 +73,8 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tls_server(certs):
-    srv = ServerProcess("--tls-cert", certs["cert"], "--tls-key", certs["key"], "--token", TOKEN)
+    srv = ServerProcess("--tls-cert", certs["cert"], "--tls-key", certs["key"], "--token", TOKEN,
+                        "--allow-shared-memory")
     srv.grpcs_target = f"grpcs://127.0.0.1:{srv.grpc_port}"
     srv.https_url = f"https://127.0.0.1:{srv.http_port}"
     yield srv
@@ -103,17 +104,13 @@ def test_sync_client_over_grpcs_and_https_with_token(tls_server, certs):
                 c.call("to_dense", sp_input=ST)
 
 
-def test_shared_memory_over_grpcs(certs):
-    """RegisterSegment, PutShared and GetShared over TLS, with a token (a server of its own: shared
-    memory needs --allow-shared-memory)."""
-    srv = ServerProcess("--tls-cert", certs["cert"], "--tls-key", certs["key"], "--token", TOKEN,
-                        "--allow-shared-memory")
-    try:
-        with Client(f"grpcs://127.0.0.1:{srv.grpc_port}", ca_file=certs["cert"], token=TOKEN, timeout=30) as c:
-            h = c.put(np.eye(3), shared_memory=True)
-            np.testing.assert_array_equal(c.get(h, shared_memory=True), np.eye(3))
-    finally:
-        assert srv.stop() == 0, srv.log()
+def test_shared_memory_over_grpcs(tls_server, certs):
+    """RegisterSegment, PutShared and GetShared over TLS, with a token (the module's server has
+    --allow-shared-memory for this)."""
+    with Client(tls_server.grpcs_target, ca_file=certs["cert"], token=TOKEN, timeout=30) as c:
+        h = c.put(np.eye(3), shared_memory=True)
+        np.testing.assert_array_equal(c.get(h, shared_memory=True), np.eye(3))
+        c.delete(h)
 
 
 def test_async_client_over_grpcs_and_https_with_token(tls_server, certs):
