@@ -7,6 +7,7 @@ puts ``tests/`` on the path for ``conftest.py``, which also has pytest rewrite t
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -115,6 +116,15 @@ def _assert_values_eq(got: np.ndarray, want: np.ndarray, *, rtol, atol, exact, b
 
 # ------------------------------------------------------------------ documentation examples
 _MARKER = re.compile(r"<!-- example: (\S+) -->")
+
+
+def eventually(check, timeout: float = 20.0, what: str = "the condition", step: float = 0.02) -> float:
+    """Seconds until ``check()`` holds, polled every ``step``; it must within ``timeout``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
+        time.sleep(step)
+    return time.monotonic() - start
 
 
 def examples(path) -> dict[str, str]:

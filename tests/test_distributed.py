@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -36,7 +35,7 @@ from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
 from conftest import ROOT, ServerProcess, make_client, run_op
-from helpers import assert_eq, example
+from helpers import assert_eq, eventually, example
 from strategies import random_coo
 
 SAME = {"exact": True, "coalesced": True, "same_type": True}  # integer values: sums exact in any order
@@ -104,13 +103,6 @@ def block_keys(svc: Service, handle: str) -> list[str]:
 
 def held(dask: Client, keys: list[str]) -> list[str]:
     return dask.run_on_scheduler(lambda dask_scheduler: [k for k in keys if k in dask_scheduler.tasks])
-
-
-def eventually(check, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within the time allowed"
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ cutting, without Dask

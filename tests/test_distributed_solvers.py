@@ -30,6 +30,7 @@ from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
 from conftest import ServerProcess, make_client, run_op
+from helpers import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,13 +110,6 @@ def actors(dask: Client) -> list[str]:
     """The solver actors the scheduler still holds."""
     return dask.run_on_scheduler(lambda dask_scheduler: [
         str(k) for k in dask_scheduler.tasks if str(k).startswith("SolverRows")])
-
-
-def eventually(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within the time allowed"
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ in process: the answers

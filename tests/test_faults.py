@@ -50,7 +50,7 @@ from sparseserve.server.config import config_from_args
 from sparseserve.server.spill import SpillDir
 
 from conftest import ROOT, ServerProcess, make_client
-from helpers import assert_eq
+from helpers import assert_eq, eventually
 from strategies import random_coo
 
 MiB = 1 << 20
@@ -83,15 +83,6 @@ def reused(srv: ServerProcess) -> float:
 def stored(srv: ServerProcess) -> tuple[float, float]:
     metrics = scrape(srv)
     return metrics[("sparseserve_store_handles", ())], metrics[("sparseserve_store_bytes", ())]
-
-
-def eventually(check, timeout: float, what: str, step: float = 0.02) -> float:
-    """Seconds until ``check()`` holds (it must within ``timeout``)."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
-        time.sleep(step)
-    return time.monotonic() - start
 
 
 def closed_within(sock: socket.socket, timeout: float) -> bool:

@@ -22,6 +22,7 @@ from sparseserve.core.tensor import HandleRef, OutputRef
 from sparseserve.errors import DeadlineExceededError, SparseServeError, UnavailableError
 
 from conftest import ONE_KERNEL_SLOT, WIRES, ServerProcess, make_client
+from helpers import eventually
 
 G = SparseTensor(indices=[[0, 0], [1, 2]], values=[1.0, 2.0], dense_shape=[3, 4])
 
@@ -39,13 +40,6 @@ def gauges(s: ServerProcess) -> dict[str, float]:
     text = httpx.get(f"{s.http_url}/metrics").text
     return {sample.name: sample.value for family in text_string_to_metric_families(text)
             for sample in family.samples if not sample.labels}
-
-
-def wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def idle(s: ServerProcess) -> bool:
@@ -117,7 +111,7 @@ def test_past_the_queue_calls_are_refused_at_once(busy, wire):
     # One at a time: each served call waited for one more kernel than the one before it.
     assert min(served[1] - served[0], served[2] - served[1]) > busy.kernel_seconds / 2, outcomes
     assert (during["sparseserve_in_flight_requests"], during["sparseserve_queue_depth"]) == (1, 2)
-    wait_until(lambda: idle(busy))
+    eventually(lambda: idle(busy))
     with make_client(busy, wire) as c:
         assert c.reorder(G).nnz == 2
 
@@ -130,7 +124,7 @@ def test_grpc_deadline_abandons_the_work_and_stores_nothing(busy):
         with pytest.raises(DeadlineExceededError):
             c.matmul(*_refs(busy), keep=True)
         assert time.perf_counter() - start < busy.kernel_seconds * 0.75
-    wait_until(lambda: idle(busy))  # the thread finished the kernel; its result was dropped
+    eventually(lambda: idle(busy))  # the thread finished the kernel; its result was dropped
     assert gauges(busy)["sparseserve_store_handles"] == handles_before
     with Client(busy.grpc_target) as c:
         assert c.reorder(G).nnz == 2
@@ -152,7 +146,7 @@ def test_rest_timeout_header_is_answered_at_the_deadline(busy):
     assert (error["code"], error["reason"]) == ("DEADLINE_EXCEEDED", "DEADLINE_PASSED")
     assert "while the work ran" in error["message"]
     assert seconds < busy.kernel_seconds * 0.75
-    wait_until(lambda: idle(busy))
+    eventually(lambda: idle(busy))
     assert gauges(busy)["sparseserve_store_handles"] == handles_before
     response, _ = rest_matmul(busy, "60")  # a deadline that is not reached changes nothing
     assert response.status_code == 200 and response.json()["outputs"]["output"]["handle"].startswith("h-")
@@ -168,13 +162,13 @@ def test_a_deadline_bounds_the_wait_in_the_queue(busy):
         done.set()
 
     threading.Thread(target=occupy).start()
-    wait_until(lambda: gauges(busy)["sparseserve_in_flight_requests"] == 1)
+    eventually(lambda: gauges(busy)["sparseserve_in_flight_requests"] == 1)
     response, seconds = rest_matmul(busy, str(busy.kernel_seconds / 4))
     assert response.status_code == 504
     assert "while the call waited for a worker" in response.json()["error"]["message"]
     assert seconds < busy.kernel_seconds * 0.75 and not done.is_set()
     assert done.wait(30)
-    wait_until(lambda: idle(busy))
+    eventually(lambda: idle(busy))
 
 
 def test_an_expired_deadline_refuses_before_any_work(busy):
@@ -200,7 +194,7 @@ def test_the_sdk_sends_its_timeout_as_the_rest_header(busy):
         c.list_ops()
         with pytest.raises(DeadlineExceededError):
             c.matmul(*_refs(busy), keep=True)
-    wait_until(lambda: idle(busy))
+    eventually(lambda: idle(busy))
     assert rest_requests(busy, "matmul", "DEADLINE_EXCEEDED") == before + 1
 
 
@@ -257,7 +251,7 @@ def test_sigterm_lets_in_flight_calls_finish_and_refuses_new_ones():
     threads = [threading.Thread(target=call, args=(wire,)) for wire in ("grpc", "rest-protobuf")]
     for t in threads:
         t.start()
-    wait_until(lambda: gauges(s)["sparseserve_in_flight_requests"] == 2)
+    eventually(lambda: gauges(s)["sparseserve_in_flight_requests"] == 2)
     s.proc.send_signal(signal.SIGTERM)
     stopping = s.wait_for("stopping", 30)
     assert stopping["grace_seconds"] == 10
@@ -286,7 +280,7 @@ def test_past_the_grace_period_calls_are_cut_and_the_server_still_exits_zero():
 
     t = threading.Thread(target=call)
     t.start()
-    wait_until(lambda: gauges(s)["sparseserve_in_flight_requests"] == 1)
+    eventually(lambda: gauges(s)["sparseserve_in_flight_requests"] == 1)
     start = time.perf_counter()
     s.proc.send_signal(signal.SIGTERM)
     t.join(60)
