@@ -122,6 +122,8 @@ class RemoteTensor(HandleRef):
         return self.client._run_pipeline(bound, outputs, keep)
 
     def _sparse_result(self, other: Any) -> bool:
+        """Whether the product of this and ``other`` is sparse, so kept on the server. A handle
+        nobody described counts as dense: its result comes back, whichever it is."""
         return self.layout != "dense" and _layout(other) not in ("dense", "unknown")
 
     # ------------------------------------------------------------- products
