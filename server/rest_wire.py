@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from importlib.metadata import version as installed_version
+from importlib.metadata import PackageNotFoundError, version as installed_version
 from typing import Any
 
 import numpy as np
@@ -264,6 +264,17 @@ def _decode_pipeline_body(body: bytes | memoryview, protobuf: bool, max_depth: i
     return steps, outputs, bool(obj.get("keep", False))
 
 
+def _version() -> str:
+    """The installed distribution's version; the package's own where it runs from a source tree
+    on sys.path with no distribution installed (it must still serve)."""
+    try:
+        return installed_version("sparseserve")
+    except PackageNotFoundError:
+        from sparseserve import __version__
+
+        return __version__
+
+
 def create_app(service: Service) -> FastAPI:
     app = FastAPI(
         title="sparseserve",
@@ -316,7 +327,7 @@ def create_app(service: Service) -> FastAPI:
         ready = (await readyz()).status_code == 200
         return JSONResponse({"ready": ready}, status_code=200 if ready else 400)
 
-    server_metadata = {"name": "sparseserve", "version": installed_version("sparseserve"), "extensions": []}
+    server_metadata = {"name": "sparseserve", "version": _version(), "extensions": []}
 
     @app.get("/v2", tags=["health"])
     async def v2_metadata():

@@ -31,6 +31,20 @@ def test_server_metadata_names_the_server_and_its_version(server):
     assert metadata.json() == {"name": "sparseserve", "version": version("sparseserve"), "extensions": []}
 
 
+def test_from_a_source_tree_the_version_is_the_packages_own(monkeypatch):
+    """A server run with no installed distribution (the package on sys.path, as on a GPU host
+    that could not pip install) still serves /v2, with sparseserve.__version__."""
+    import sparseserve
+    from importlib.metadata import PackageNotFoundError
+    from sparseserve.server import rest_wire
+
+    def missing(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(rest_wire, "installed_version", missing)
+    assert rest_wire._version() == sparseserve.__version__ == version("sparseserve")
+
+
 @pytest.fixture(scope="module")
 def warming(tmp_path_factory):
     """A server with --token that is up but not ready: with an empty numba cache its warm-up
