@@ -16,11 +16,11 @@ from .errors import (DeadlineExceededError, InternalError, InvalidArgumentError,
                      PermissionDeniedError, ResourceExhaustedError, SparseServeError,
                      UnauthenticatedError, UnavailableError, UnimplementedError)
 
-__version__ = "0.1.0"
+from .core import __version__
 
 __all__ = [
     "Client", "AsyncClient", "SparseTensor", "RemoteTensor", "HandleRef", "OutputRef", "Pipeline",
-    "PipelineStep", "errors", "linalg", "keep_transfer_buffers",
+    "PipelineStep", "errors", "linalg", "keep_transfer_buffers", "__version__",
     "SparseServeError", "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError",
     "UnauthenticatedError", "PermissionDeniedError", "UnimplementedError", "UnavailableError",
     "DeadlineExceededError", "InternalError",

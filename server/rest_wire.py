@@ -270,7 +270,7 @@ def _version() -> str:
     try:
         return installed_version("sparseserve")
     except PackageNotFoundError:
-        from sparseserve import __version__
+        from sparseserve.core import __version__
 
         return __version__
 

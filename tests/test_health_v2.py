@@ -34,8 +34,9 @@ def test_server_metadata_names_the_server_and_its_version(server):
 def test_from_a_source_tree_the_version_is_the_packages_own(monkeypatch):
     """A server run with no installed distribution (the package on sys.path, as on a GPU host
     that could not pip install) still serves /v2, with sparseserve.__version__."""
-    import sparseserve
     from importlib.metadata import PackageNotFoundError
+
+    import sparseserve
     from sparseserve.server import rest_wire
 
     def missing(name):
