@@ -350,36 +350,35 @@ def _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi):
     return rr, rho
 
 
+@njit(nogil=True, cache=True)
+def _bicg_pass_block(b, stage, x, r, p, v, t, rtilde, dinv, phat, shat, alpha, beta, omega, first, mode,
+                     partial):
+    """Block b of one of BiCGSTAB's three vector passes (its partial sums into partial[b])."""
+    lo, hi = b * BLOCK, min(r.size, (b + 1) * BLOCK)
+    if stage == 0:
+        _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi)
+    elif stage == 1:
+        partial[b, 0] = _bicg_half_range(r, v, dinv, shat, alpha, mode, lo, hi)
+    else:
+        rr, rho = _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi)
+        partial[b, 0] = rr
+        partial[b, 1] = rho
+
+
 @njit(nogil=True, cache=True, parallel=True)
 def _bicg_passes_par(stage, x, r, p, v, t, rtilde, dinv, phat, shat, alpha, beta, omega, first, mode,
                      partial):
-    n = r.size
     for b in prange(partial.shape[0]):
-        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
-        if stage == 0:
-            _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi)
-        elif stage == 1:
-            partial[b, 0] = _bicg_half_range(r, v, dinv, shat, alpha, mode, lo, hi)
-        else:
-            rr, rho = _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi)
-            partial[b, 0] = rr
-            partial[b, 1] = rho
+        _bicg_pass_block(b, stage, x, r, p, v, t, rtilde, dinv, phat, shat, alpha, beta, omega, first, mode,
+                         partial)
 
 
 @njit(nogil=True, cache=True)
 def _bicg_passes_seq(stage, x, r, p, v, t, rtilde, dinv, phat, shat, alpha, beta, omega, first, mode,
                      partial):
-    n = r.size
-    for b in range(partial.shape[0]):
-        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
-        if stage == 0:
-            _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi)
-        elif stage == 1:
-            partial[b, 0] = _bicg_half_range(r, v, dinv, shat, alpha, mode, lo, hi)
-        else:
-            rr, rho = _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi)
-            partial[b, 0] = rr
-            partial[b, 1] = rho
+    for b in range(partial.shape[0]):  # small vectors: no thread woken
+        _bicg_pass_block(b, stage, x, r, p, v, t, rtilde, dinv, phat, shat, alpha, beta, omega, first, mode,
+                         partial)
 
 
 class BicgVectors:

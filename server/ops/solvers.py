@@ -237,16 +237,25 @@ def _solve_columns(op: str, operator: Operator, b: np.ndarray, x0, solve_one) ->
 
 
 # ------------------------------------------------------------------ cg: our loop, fused kernels
+def _start(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: float,
+           maxiter: int | None) -> tuple[float, int, np.ndarray] | None:
+    """scipy's opening of cg and bicgstab: the absolute tolerance max(atol, rtol * norm(b)), the
+    iteration limit (10 n by default) and the first residual; None for b = 0 (x = 0 at once)."""
+    b_norm = float(np.linalg.norm(b))
+    if b_norm == 0:
+        return None
+    r = b - operator.matvec(x) if x.any() else b.copy()
+    return max(atol, rtol * b_norm), 10 * operator.n if maxiter is None else maxiter, r
+
+
 def _cg(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: float, maxiter: int | None,
         preconditioner: str) -> tuple[np.ndarray, int, int]:
     """scipy.sparse.linalg.cg's iteration, step for step (the same checks in the same places)."""
     n = operator.n
-    b_norm = float(np.linalg.norm(b))
-    atol = max(atol, rtol * b_norm)
-    if b_norm == 0:
+    start = _start(operator, b, x, rtol, atol, maxiter)
+    if start is None:
         return b, 0, 0
-    maxiter = 10 * n if maxiter is None else maxiter
-    r = b - operator.matvec(x) if x.any() else b.copy()
+    atol, maxiter, r = start
     p, q = np.zeros(n, operator.dtype), np.empty(n, operator.dtype)
     empty = np.zeros(0, operator.dtype)
     if preconditioner == "jacobi":
@@ -285,14 +294,11 @@ def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, ato
     """scipy.sparse.linalg.bicgstab's iteration, step for step: the same checks (its breakdown
     tolerances eps^2 and codes -10, -11) in the same places. A solve that converges halfway
     through an iteration (on s) counts that iteration."""
-    n = operator.n
-    b_norm = float(np.linalg.norm(b))
-    atol = max(atol, rtol * b_norm)
-    if b_norm == 0:
+    start = _start(operator, b, x, rtol, atol, maxiter)
+    if start is None:
         return b, 0, 0
-    maxiter = 10 * n if maxiter is None else maxiter
+    atol, maxiter, r = start
     breakdown = float(np.finfo(operator.dtype).eps) ** 2  # scipy's rhotol and omegatol
-    r = b - operator.matvec(x) if x.any() else b.copy()
     mode = {"none": sk.NONE, "jacobi": sk.JACOBI, "ilu0": sk.GIVEN}[preconditioner]
     dinv = operator.jacobi() if mode == sk.JACOBI else np.zeros(0, operator.dtype)
     ilu = operator.ilu0() if mode == sk.GIVEN else None
