@@ -76,18 +76,18 @@ def run(scale: float = 1.0, repeat: int = 5) -> None:
     print("|---|---|---|---|---|")
     for name, case, args in cases:
         op = REGISTRY.get(name)
-        bound = op.bind(args)
-        on_device = {k: be.to_device(v) for k, v in bound.items()}
+        plan = op.plan(op.bind(args))
+        on_device = plan.with_args(**{k: be.to_device(v) for k, v in plan.args.items()})
         got = be.run(op, on_device)
         assert not fallbacks, fallbacks
-        want = op.run("cpu", bound)
+        want = op.run_plan("cpu", plan)
         for g, w in zip(got, want):
             host = be.to_host(g)
             if isinstance(w, SparseTensor):  # compared as scipy matrices: never densified
                 assert abs(host.to_scipy() - w.to_scipy()).max() <= 1e-9
             else:
                 np.testing.assert_allclose(host, w, rtol=1e-9, atol=1e-9)
-        cpu_s = _best(lambda op=op, bound=bound: op.run("cpu", bound), repeat)
+        cpu_s = _best(lambda op=op, plan=plan: op.run_plan("cpu", plan), repeat)
         gpu_s = _best(lambda op=op, on_device=on_device: be.run(op, on_device), repeat, sync)
         print(f"| {name} | {case} | {1e3 * cpu_s:.2f} | {1e3 * gpu_s:.3f} | {cpu_s / gpu_s:.1f}x |")
 

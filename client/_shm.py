@@ -20,6 +20,7 @@ from .core.shm import (SEGMENT_NAME, Slot, header_slots, open_segment, read_tens
                        unlink_segment, write_tensor)
 from .core.tensor import SparseTensor
 from .v1 import sparseserve_pb2 as pb
+from .core.reasons import Reason
 
 __all__ = ["Outgoing", "segment_of", "segment_of_async", "registered_async", "claim"]
 
@@ -71,7 +72,7 @@ def claim(reply: pb.SharedTensor) -> SparseTensor | np.ndarray:
 def _check_name(segment: str) -> None:
     if not SEGMENT_NAME.match(segment):
         raise InvalidArgumentError(f"the server named segment {segment!r}, not one of sparseserve's",
-                                   reason="BAD_SEGMENT_NAME")
+                                   reason=Reason.BAD_SEGMENT_NAME)
 
 
 def _fill(outgoing: Outgoing, lease: pb.RegisterSegmentResponse) -> None:
@@ -85,7 +86,7 @@ def _fill(outgoing: Outgoing, lease: pb.RegisterSegmentResponse) -> None:
         size, nbytes = os.fstat(fd).st_size, segment_bytes(outgoing.slots)
         if size != nbytes:
             raise InvalidArgumentError(f"segment {lease.segment} has {size} bytes, not the {nbytes} asked "
-                                       "for", reason="BUFFER_LENGTH")
+                                       "for", reason=Reason.BUFFER_LENGTH)
         write_tensor(fd, outgoing.slots, tensor_arrays(outgoing.tensor))
     finally:
         os.close(fd)

@@ -21,6 +21,7 @@ from ._progress import Progress
 from .core.codec import DEFAULT_CHUNK_BYTES
 from .core.errors import UnimplementedError
 from .core.tensor import SparseTensor
+from .core.reasons import Reason
 
 __all__ = ["Settings", "Stored", "Transport", "AsyncTransport", "Catalogue", "Outputs", "Tensor", "Step",
            "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_STREAM_ABOVE_BYTES", "shared_memory_refused", "OnProgress",
@@ -136,14 +137,14 @@ def shared_memory_refused(target: str) -> UnimplementedError:
     """The error of ``shared_memory=True`` on a wire without it."""
     return UnimplementedError(
         f"shared_memory=True needs the gRPC wire (a host:port target); {target} speaks REST",
-        reason="SHARED_MEMORY_NEEDS_GRPC")
+        reason=Reason.SHARED_MEMORY_NEEDS_GRPC)
 
 
 def progress_refused(target: str) -> UnimplementedError:
     """The error of ``progress=`` on an op call over a wire without a progress stream."""
     return UnimplementedError(
         f"progress= on an op call needs the gRPC wire (a host:port target: its ExecuteWithProgress "
-        f"stream); {target} speaks REST", reason="PROGRESS_NEEDS_GRPC")
+        f"stream); {target} speaks REST", reason=Reason.PROGRESS_NEEDS_GRPC)
 
 
 class Transport(ABC):

@@ -32,6 +32,7 @@ from .core.errors import InternalError
 from .core.wire import GRPC_WINDOW_OPTIONS, REQUEST_ID_KEY, pipeline_request
 from .v1 import sparseserve_pb2 as pb
 from .v1 import sparseserve_pb2_grpc as pb_grpc
+from .core.reasons import Reason
 
 __all__ = ["GrpcTransport", "AsyncGrpcTransport"]
 
@@ -69,7 +70,7 @@ def _sdk_errors(request_id: str | None) -> Iterator[None]:
 def _no_answer(request_id: str | None) -> InternalError:
     """A progress stream that ended with no answer and no error: a server bug, said as one."""
     return InternalError("the server ended the ExecuteWithProgress stream without an answer",
-                         reason="NO_ANSWER", request_id=_wire.new_request_id(request_id))
+                         reason=Reason.NO_ANSWER, request_id=_wire.new_request_id(request_id))
 
 
 class _Channel:

@@ -18,6 +18,7 @@ from .core.wire import (HTTP_TO_CODE, PARTITIONS_KEY, PROTOBUF, TIMEOUT_KEY, ite
 from .core.errors import (REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, DeadlineExceededError, SparseServeError,
                      UnavailableError, error_for_code, error_for_grpc_status)
 from .v1 import sparseserve_pb2 as pb
+from .core.reasons import Reason
 
 # ------------------------------------------------------------------ protobuf
 def pipeline_json(steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str], keep: bool) -> bytes:
@@ -57,9 +58,9 @@ def _core_reason(code: grpc.StatusCode, details: str) -> str | None:
     over its size limit (the details say which side refused), or a connection lost or never
     made (UNAVAILABLE without our trailer: CONNECTION, as the REST transport says)."""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
-        return "REQUEST_TOO_LARGE" if details.startswith("SERVER:") else "RESPONSE_TOO_LARGE"
+        return Reason.REQUEST_TOO_LARGE if details.startswith("SERVER:") else Reason.RESPONSE_TOO_LARGE
     if code == grpc.StatusCode.UNAVAILABLE:
-        return "CONNECTION"
+        return Reason.CONNECTION
     return None
 
 
@@ -157,9 +158,9 @@ def transport_error(exc: Exception, request_id: str | None = None) -> SparseServ
 
     request_id = new_request_id(request_id)
     if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
-        return DeadlineExceededError(f"no answer within the timeout: {exc}", reason="TIMEOUT",
+        return DeadlineExceededError(f"no answer within the timeout: {exc}", reason=Reason.TIMEOUT,
                                      request_id=request_id)
-    return UnavailableError(f"cannot reach the server: {exc}", reason="CONNECTION", request_id=request_id)
+    return UnavailableError(f"cannot reach the server: {exc}", reason=Reason.CONNECTION, request_id=request_id)
 
 
 def decode_rest_tensor(content: bytes | memoryview, content_type: str) -> Any:

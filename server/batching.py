@@ -22,6 +22,7 @@ from sparseserve.core.errors import InternalError
 from sparseserve.kernels._parallel import PARALLEL_MIN
 
 from . import tracing
+from .registry import Plan
 from .sizes import INLINE_BYTES, arguments_nbytes
 
 __all__ = ["Batcher", "batch_key", "merge_coo", "split_coo"]
@@ -52,8 +53,8 @@ class Batcher:
     vector differently, so equality would not be exact; ``to_dense``'s result is sized by
     the merged shape.
 
-    A call is checked (bound) on its own before it joins a batch, so a bad call fails alone
-    with its own error. Calls join a group of equal op, non-tensor arguments, dtype,
+    A call is checked (bound, then its op's check) on its own before it joins a batch, so a
+    bad call fails alone with its own error. Calls join a group of equal op, non-tensor arguments, dtype,
     sparse_ndim and dense dimensions; the group runs when the window closes, when
     ``max_batch`` calls wait, or when another call would take it to ``MERGED_NNZ_LIMIT``
     entries. A group of one runs unbatched. The merged call goes through ``Service.run``
@@ -81,18 +82,18 @@ class Batcher:
         size = arguments_nbytes(args.values())
         if size >= INLINE_BYTES:
             return await service.run(service._execute_sync, op, args)
-        bound = await service.run(service._bind, op, args, nbytes=size)
-        key = batch_key(op, bound)
+        plan = await service.run(service._plan, op, args, nbytes=size)
+        key = batch_key(op, plan.bound)
         if key is None:
             self.single_calls += 1
-            return await self._alone(op, bound)
-        return await self._join(key, op, bound)
+            return await self._alone(op, plan)
+        return await self._join(key, op, plan)
 
     # ------------------------------------------------------------ grouping
-    async def _join(self, key: tuple, op, bound: dict[str, Any]) -> list[tuple[str, Any]]:
+    async def _join(self, key: tuple, op, plan: Plan) -> list[tuple[str, Any]]:
         loop = asyncio.get_running_loop()
         arg = key[1]
-        tensor = bound[arg]
+        tensor = plan.args[arg]
         group = self._groups.get(key)
         if group is not None and group.nnz + tensor.nnz >= MERGED_NNZ_LIMIT:
             self._flush(key, group)
@@ -101,7 +102,7 @@ class Batcher:
             group = self._groups[key] = _Group(op, arg)
             group.timer = loop.call_later(self.window, self._flush, key, group)
         future = loop.create_future()
-        group.calls.append(_Call(bound, tensor, future, tracing.current_link()))
+        group.calls.append(_Call(plan, tensor, future, tracing.current_link()))
         group.nnz += tensor.nnz
         if len(group.calls) >= self.max_batch:
             self._flush(key, group)
@@ -149,33 +150,33 @@ class Batcher:
 
     async def _answer_alone(self, op, call: "_Call") -> None:
         try:
-            _settle(call.future, result=await self._alone(op, call.bound))
+            _settle(call.future, result=await self._alone(op, call.plan))
         except asyncio.CancelledError:
             call.future.cancel()
             raise
         except Exception as exc:
             _settle(call.future, error=exc)
 
-    async def _alone(self, op, bound: dict[str, Any]) -> list[tuple[str, Any]]:
+    async def _alone(self, op, plan: Plan) -> list[tuple[str, Any]]:
         service = self.service
-        size = arguments_nbytes(bound.values())
-        result = service.result_bytes(op, bound, size)
-        return await service.run(service._compute, op, bound, nbytes=result)
+        size = arguments_nbytes(plan.args.values())
+        result = service.result_bytes(op, plan, size)
+        return await service.run(service._compute, op, plan, nbytes=result)
 
     def _run_merged(self, op, arg: str, calls: list["_Call"], shape: tuple[int, ...]):
         """One kernel call for the batch; the outputs per caller, in call order."""
         tensors = [c.tensor for c in calls]
-        bound = dict(calls[0].bound)
-        bound[arg] = merge_coo(tensors, shape)
+        # The merged call checked as any call is (each caller's was): the plan of its shape.
+        plan = op.plan({**calls[0].plan.bound, arg: merge_coo(tensors, shape)})
         # Split on the host: a GPU worker's outputs come back from the device first.
-        outputs = self.service._compute(op, bound, to_host=True)
+        outputs = self.service._compute(op, plan, to_host=True)
         split = [(name, split_coo(value, tensors, op.name)) for name, value in outputs]
         return [[(name, parts[i]) for name, parts in split] for i in range(len(calls))]
 
 
 @dataclass
 class _Call:
-    bound: dict[str, Any]
+    plan: Plan
     tensor: SparseTensor
     future: asyncio.Future
     origin: Any = None  # the caller's span, which the batch's links to (tracing on)

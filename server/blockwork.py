@@ -1,5 +1,5 @@
 """What a Dask worker runs on the blocks of a partitioned tensor: one op call on a block, as
-the server runs a call (bound, validated, its result size held to the limit), and the steps
+the server runs a call (bound, checked, its result size held to the limit), and the steps
 of the plans that combine blocks (``server/partition.py``, ``server/cluster.py``).
 
 Workers import this module by name to run what the cluster submits; importing it loads the
@@ -27,13 +27,14 @@ __all__ = ["run_block", "reduce_partial", "dense_total", "reduce_combine", "tran
 
 
 def run_block(op_name: str, args: dict[str, Any], max_result_bytes: int) -> Any:
-    """One call of a single-output op's CPU kernel, as the server runs it: arguments bound
-    and validated, the declared result size checked, then the kernel. Runs on a Dask worker."""
+    """One call of a single-output op's CPU kernel, as the server runs it: arguments bound,
+    the op's check (with the block's shape), the declared result size held to the limit, then
+    the kernel. Runs on a Dask worker."""
     op = REGISTRY.get(op_name)
-    bound = op.bind(args)
+    plan = op.plan(op.bind(args))
     if op.result_bytes is not None:
-        check_result_bytes(op, op.result_bytes(**bound), max_result_bytes)
-    return trust(op.run("cpu", bound)[0])
+        check_result_bytes(op, op.result_bytes(**plan.args), max_result_bytes)
+    return trust(op.run_plan("cpu", plan)[0])
 
 
 def reduce_partial(op_name: str, block: SparseTensor, axes: list[int], max_result_bytes: int,

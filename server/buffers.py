@@ -32,6 +32,7 @@ import numpy as np
 
 from sparseserve.core.codec import new_buffer
 from sparseserve.core.errors import DeadlineExceededError
+from sparseserve.core.reasons import Reason
 
 __all__ = ["BufferPool", "arriving"]
 
@@ -129,5 +130,5 @@ async def arriving(parts: AsyncIterable[T], seconds: float, what: str) -> AsyncI
             return
         except TimeoutError:
             raise DeadlineExceededError(f"no bytes of {what} arrived for {seconds:g} s (--body-timeout); the "
-                                        "call was dropped", reason="BODY_TIMEOUT") from None
+                                        "call was dropped", reason=Reason.BODY_TIMEOUT) from None
         yield part

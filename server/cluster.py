@@ -45,9 +45,11 @@ from sparseserve.core.tensor import HandleRef, SparseTensor
 from sparseserve.kernels import solvers as sk
 from sparseserve.core.errors import (InternalError, NotFoundError, PermissionDeniedError, ResourceExhaustedError,
                                 SparseServeError, UnavailableError)
+from sparseserve.core.reasons import Reason
 
 from . import blockwork
 from . import partition as part
+from .registry import Plan
 from .trust import trust
 from .limits import deadline_exceeded, seconds_left
 from .ops.solvers import inverse_diagonal
@@ -173,7 +175,8 @@ class Cluster:
             return Client(self.config.dask_scheduler, timeout=self.config.dask_connect_timeout, set_as_default=False,
                           security=self._security())
         except (OSError, TimeoutError) as exc:
-            raise UnavailableError(f"cannot reach the Dask scheduler ({exc})", reason="CLUSTER_UNAVAILABLE") from None
+            raise UnavailableError(f"cannot reach the Dask scheduler ({exc})",
+                                   reason=Reason.CLUSTER_UNAVAILABLE) from None
 
     def _security(self) -> Security | None:
         """TLS to the scheduler and workers (--dask-tls-*; the flags' check makes the address
@@ -245,7 +248,7 @@ class Cluster:
         if quota and nbytes > quota:
             err = ResourceExhaustedError(f"the tensor takes {nbytes} bytes, over the budget of one tenant's "
                                          f"partitioned tensors, {quota} bytes (--tenant-dask-store-bytes)",
-                                         reason="TENANT_QUOTA")
+                                         reason=Reason.TENANT_QUOTA)
             err.http_status = 429  # a quota, not a size limit
             raise err
 
@@ -256,9 +259,9 @@ class Cluster:
                 record = self.client.get_dataset(handle)
             except KeyError:
                 raise NotFoundError(f"no tensor with handle {handle!r}: never made, deleted, expired "
-                                    "or evicted", reason="UNKNOWN_HANDLE") from None
+                                    "or evicted", reason=Reason.UNKNOWN_HANDLE) from None
         if record["tenant"] != tenant:
-            raise PermissionDeniedError(f"handle {handle!r} belongs to another tenant", reason="OTHER_TENANT")
+            raise PermissionDeniedError(f"handle {handle!r} belongs to another tenant", reason=Reason.OTHER_TENANT)
         with contextlib.suppress(SparseServeError):
             self.store.get(handle, tenant)  # a use: renews its TTL where it was made
         return DistributedTensor(record["blocks"], record["bounds"], record["meta"], record["block_nnz"],
@@ -337,10 +340,12 @@ class Cluster:
             return trust(self.gather(value, self.config.max_result_bytes))
         return value
 
-    def _probe(self, op, bound: dict[str, Any], entries: tuple[str, ...] = ()) -> None:
-        """Run the op here on the entry-less stand-ins (``Rowwise.probe`` says when)."""
-        args = {k: (v[:0] if k in entries else v) for k, v in bound.items()}
-        blockwork.run_block(op.name, args, self.config.max_result_bytes)
+    @staticmethod
+    def _checked(op, bound: dict[str, Any], entries: tuple[str, ...] = ()) -> Plan:
+        """The op's check on the partitioned tensors' descriptions (entry-less stand-ins of the
+        whole shape; arrays with a row per entry cut to match), before any block works: the
+        single node's refusals and messages, and the normalised arguments the plan reads."""
+        return op.plan({k: (v[:0] if k in entries else v) for k, v in bound.items()})
 
     # Each runner returns the answer (_Blocks being computed, or a host value), or None to gather.
     def _rowwise(self, op, plan: part.Rowwise, args, bound):
@@ -353,8 +358,7 @@ class Cluster:
             got = np.shape(bound[name])[0] if np.ndim(bound[name]) else 0
             if got != nnz:
                 raise part.entry_count_error(name, got, nnz)
-        if plan.probe:
-            self._probe(op, bound, plan.entries)
+        self._checked(op, bound, plan.entries)
         sliced = {k for k in plan.rows if plan.slice_rows is not None and plan.slice_rows(bound[k], dt.like)}
         whole = {k: self._shared(v) for k, v in bound.items()
                  if k != plan.tensor and k not in sliced and k not in plan.entries}
@@ -374,7 +378,8 @@ class Cluster:
         dt = args.get(plan.tensor)
         if not isinstance(dt, DistributedTensor) or not isinstance(dt.like, SparseTensor):
             return None
-        axes = plan.axes(bound, dt.like.ndim)
+        checked = self._checked(op, bound)
+        axes = plan.axes(bound, dt.like.ndim) if callable(plan.axes) else checked.args[plan.axes]
         if 0 not in axes:
             return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
         limit = self.config.max_result_bytes
@@ -397,8 +402,8 @@ class Cluster:
         dt = args.get(plan.tensor)
         if not isinstance(dt, DistributedTensor) or getattr(dt.like, "layout", None) != "coo":
             return None
-        self._probe(op, bound)
-        perm = plan.perm(bound)
+        checked = self._checked(op, bound)
+        perm = plan.perm(bound) if callable(plan.perm) else checked.args[plan.perm]
         if perm[0] == 0:
             return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
         shape = tuple(dt.like.dense_shape)
@@ -420,8 +425,8 @@ class Cluster:
             return None
         if any(getattr(self._like(t), "layout", None) != "coo" for t in inputs):
             return None
-        self._probe(op, bound)
-        if plan.axis(bound) != 0:
+        checked = self._checked(op, bound)
+        if (plan.axis(bound) if callable(plan.axis) else checked.args[plan.axis]) != 0:
             return None
         futures, bounds = [], [0]
         for t in inputs:
@@ -446,7 +451,7 @@ class Cluster:
             made.append(BlockOperator(self, dt, dtype))
             return made[-1]
         try:
-            return _Outputs(plan.solve(make_operator, **bound))
+            return _Outputs(plan.solve(make_operator, **self._checked(op, bound).args))
         finally:  # answered, failed or past its deadline: the actors go now
             for operator in made:
                 operator.close()
@@ -616,10 +621,10 @@ def _dask_errors(doing: str):
         # FuturesCancelledError for several): a block sent by put has no recipe to recompute it.
         raise UnavailableError(f"a Dask worker holding part of the data was lost while {doing}; a tensor "
                                f"stored with put must be stored again ({type(exc).__name__}: {exc})",
-                               reason="WORKER_LOST") from None
+                               reason=Reason.WORKER_LOST) from None
     except (OSError, TimeoutError, distributed.comm.CommClosedError) as exc:
         raise UnavailableError(f"the Dask cluster did not answer while {doing} ({type(exc).__name__}: {exc})",
-                               reason="CLUSTER_UNAVAILABLE") from None
+                               reason=Reason.CLUSTER_UNAVAILABLE) from None
     except Exception as exc:
         log.exception("partitioned work failed while %s", doing)
         raise InternalError(f"{doing} failed: {type(exc).__name__}: {exc}") from exc

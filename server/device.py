@@ -5,10 +5,11 @@ The GPU backend is array code over a namespace pair: ``xp`` (numpy's API) and ``
 the tests give the very same functions numpy and scipy.sparse, so every GPU code path has
 its logic checked on a machine without a GPU.
 
-An op runs on the GPU when its declaration has a ``cuda`` kernel (``Registry.gpu``) and that
-kernel's ``supports`` check accepts the call's arguments (CuPy's sparse matrices hold only
+An op runs on the GPU when its declaration has a ``cuda`` kernel (``Registry.gpu``) whose
+declared layouts, dtypes and limits take the checked call (CuPy's sparse matrices hold only
 bool, float32/64 and complex64/128, and no BSR); otherwise the call falls back to the CPU
-kernel, which is logged and counted in ``sparseserve_device_fallbacks_total``. Either way the
+kernel, which is logged and counted in ``sparseserve_device_fallbacks_total``. A call the op
+refuses never gets here: its ``check`` ran first, the same on every device. Either way the
 answer is the CPU kernel's answer: the tests hold every GPU kernel to it.
 
 GPU kernels receive their inputs' arrays without a copy (a kept handle's arrays, or the read-only
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -46,12 +47,69 @@ class GpuUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class GpuKernel:
-    # fn(backend, **bound): every tensor argument already on the device; returns what the CPU
-    # kernel returns (one output or a tuple), with device tensors in place of host ones.
+    """An op's GPU kernel and what it takes (``Registry.gpu``). Which calls run on it is read
+    from these declarations and the call's plan, never by repeating the op's refusals: the op's
+    ``check`` has refused what the op refuses before dispatch."""
+
+    # fn(backend, **plan.args): every tensor argument already on the device; returns what the
+    # CPU kernel returns (one output or a tuple), with device tensors in place of host ones.
     fn: Callable[..., Any]
-    # supports(**bound) -> None when fn can do the call, else a short reason word. It reads
-    # only metadata (layout, dtype, shape), so it is cheap and moves nothing.
-    supports: Callable[..., str | None]
+    # Per tensor argument, the layouts it takes ("dense" for an array); an argument not named
+    # is taken in any layout the op declares.
+    layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The plan's result dtypes it computes (None: any dtype CuPy holds).
+    dtypes: tuple[str, ...] | None = None
+    # Sparse arguments it takes only as plain matrices (2-D, no batch or dense dimensions).
+    matrices: tuple[str, ...] = ()
+    # declines(plan) -> a reason word for checked calls it leaves to the CPU, else None.
+    declines: Callable[[Any], str | None] | None = None
+
+    def declined(self, plan) -> str | None:
+        """None when ``fn`` takes this checked call, else why not (a metric label). Reads only
+        metadata, so it is cheap and moves nothing."""
+        args = plan.args
+        if not all(np.dtype(t.dtype).isnative for t in _tensors(args.values())):
+            return "dtype"  # CuPy holds native byte order only
+        for name, layouts in self.layouts.items():
+            value = args.get(name)
+            if value is not None and _layout(value) not in layouts:
+                return "layout"
+        for name in self.matrices:
+            value = args.get(name)
+            if isinstance(value, SparseTensor):
+                why = not_a_matrix(value)
+                if why is not None:
+                    return why
+        if self.dtypes is not None and plan.dtype is not None and plan.dtype.name not in self.dtypes:
+            return "dtype"
+        return self.declines(plan) if self.declines is not None else None
+
+
+def _tensors(values) -> list[Any]:
+    out = []
+    for v in values:
+        if isinstance(v, list):
+            out += _tensors(v)
+        elif isinstance(v, (SparseTensor, np.ndarray)) or is_device_array(v):
+            out.append(v)
+    return out
+
+
+def _layout(value: Any) -> str:
+    return value.layout if isinstance(value, SparseTensor) else "dense"
+
+
+def not_a_matrix(t: SparseTensor) -> str | None:
+    """None for a 2-D COO, CSR or CSC matrix without batch or dense dimensions, else why not."""
+    if t.layout in ("bsr", "bsc"):
+        return "layout"
+    if t.batch_ndim:
+        return "batched"
+    if t.dense_ndim:
+        return "hybrid"
+    if t.ndim != 2:
+        return "batched" if t.ndim > 2 else "rank"
+    return None
 
 
 def is_device_array(value: Any) -> bool:
@@ -205,17 +263,17 @@ class ArrayBackend:
 
     def _warm_call(self, registry, name: str, **args) -> Any:
         op = registry.get(name)
-        return self.to_host(self.run(op, op.bind(args))[0])
+        return self.to_host(self.run(op, op.plan(op.bind(args)))[0])
 
     # ------------------------------------------------------------ dispatch
-    def run(self, op, bound: dict[str, Any]) -> tuple[Any, ...]:
-        """One op call: on the device when its GPU kernel supports it, else on the CPU kernel
-        with the arguments brought to the host (logged and counted)."""
+    def run(self, op, plan) -> tuple[Any, ...]:
+        """One checked call: on the device when the op's GPU kernel takes it, else on the CPU
+        kernel with the arguments brought to the host (logged and counted)."""
         kernel: GpuKernel | None = op.kernels.get("cuda")
-        reason = "no_gpu_kernel" if kernel is None else kernel.supports(**bound)
+        reason = "no_gpu_kernel" if kernel is None else kernel.declined(plan)
         if kernel is not None and reason is None:
             try:
-                result = kernel.fn(self, **{k: self.to_device(v) for k, v in bound.items()})
+                result = kernel.fn(self, **{k: self.to_device(v) for k, v in plan.args.items()})
                 return result if isinstance(result, tuple) else (result,)
             except Fallback as why:
                 reason = str(why) or "gpu_kernel"
@@ -228,7 +286,7 @@ class ArrayBackend:
         log.info("op %s runs on the CPU: %s", op.name, reason, extra={"fields": {"op": op.name,
                                                                                "fallback": reason}})
         self.on_fallback(op.name, reason or "gpu_kernel")
-        return op.run("cpu", {k: self.to_host(v) for k, v in bound.items()})
+        return op.run_plan("cpu", plan.with_args(**{k: self.to_host(v) for k, v in plan.args.items()}))
 
 
 def resolve_backend(requested: str) -> ArrayBackend | None:

@@ -19,6 +19,7 @@ from sparseserve.core.frames import (MessageAssembler, execute_request_from_byte
 from sparseserve.core.wire import GRPC_WINDOW_OPTIONS
 from sparseserve.core.wire import PARTITIONS_KEY, REQUEST_ID_KEY, pipeline_from_pb
 from sparseserve.core.errors import REASON_METADATA_KEY, REQUEST_ID_METADATA_KEY, InternalError, SparseServeError
+from sparseserve.core.reasons import Reason
 from sparseserve.v1 import sparseserve_pb2 as pb
 from sparseserve.v1 import sparseserve_pb2_grpc as pb_grpc
 
@@ -246,7 +247,7 @@ class _Watch:
 
     def report(self, fields: dict[str, Any]) -> None:
         if self.cancelled:
-            raise _Abandoned("the caller stopped watching; the work was abandoned", reason="CALLER_CANCELLED")
+            raise _Abandoned("the caller stopped watching; the work was abandoned", reason=Reason.CALLER_CANCELLED)
         self.newest = fields
         now = time.monotonic()
         if now - self._sent_at >= PROGRESS_INTERVAL:

@@ -18,6 +18,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError
+from sparseserve.core.reasons import Reason
 
 from .config import ServerConfig
 from .metrics import current
@@ -38,7 +39,7 @@ def deadline_from_timeout(value: str, source: str) -> float:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
         raise InvalidArgumentError(f"{source} must be a positive number of seconds, not {value[:40]!r}",
-                                   reason="BAD_TIMEOUT")
+                                   reason=Reason.BAD_TIMEOUT)
     return time.monotonic() + min(seconds, _LONGEST_TIMEOUT)
 
 
@@ -59,7 +60,7 @@ def seconds_left() -> float | None:
 
 def deadline_exceeded(stage: str) -> DeadlineExceededError:
     return DeadlineExceededError(f"the caller's deadline passed {stage}; the work was abandoned",
-                                 reason="DEADLINE_PASSED")
+                                 reason=Reason.DEADLINE_PASSED)
 
 
 def check_deadline(stage: str) -> None:
@@ -96,13 +97,13 @@ def check_tensor_limits(value: Any, name: str, limits: ServerConfig) -> None:
     if isinstance(value, SparseTensor):
         rank, stored = len(value.dense_shape), value.values.size
         if stored > max_nnz:
-            raise _too_big(name, f"{stored} stored values", max_nnz, "--max-nnz", "NNZ_TOO_LARGE")
+            raise _too_big(name, f"{stored} stored values", max_nnz, "--max-nnz", Reason.NNZ_TOO_LARGE)
     elif isinstance(value, np.ndarray):
         rank = value.ndim
     else:
         return
     if rank > max_rank:
-        raise _too_big(name, f"rank {rank}", max_rank, "--max-rank", "RANK_TOO_LARGE")
+        raise _too_big(name, f"rank {rank}", max_rank, "--max-rank", Reason.RANK_TOO_LARGE)
 
 
 def check_argument_limits(op, args: dict[str, Any], limits: ServerConfig) -> None:
@@ -114,7 +115,7 @@ def check_argument_limits(op, args: dict[str, Any], limits: ServerConfig) -> Non
         if arg is not None and arg.type.per_dimension and isinstance(value, (list, np.ndarray)) \
                 and len(value) > limits.max_rank:
             raise _too_big(name, f"{len(value)} entries, one per dimension,", limits.max_rank, "--max-rank",
-                           "RANK_TOO_LARGE")
+                           Reason.RANK_TOO_LARGE)
         for i, tensor in _tensors(value):
             check_tensor_limits(tensor, name if i is None else f"{name}[{i}]", limits)
 
@@ -129,4 +130,4 @@ def check_result_bytes(op, need: int, limit: int) -> None:
     """An op's declared result size against --max-result-bytes, before its kernel allocates it."""
     if need > limit:
         raise ResourceExhaustedError(f"{op.name} would produce {need} bytes, over the result limit of "
-                                     f"{limit} bytes (--max-result-bytes)", reason="RESULT_TOO_LARGE")
+                                     f"{limit} bytes (--max-result-bytes)", reason=Reason.RESULT_TOO_LARGE)

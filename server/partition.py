@@ -23,6 +23,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
+from sparseserve.core.reasons import Reason
 
 __all__ = ["partitionable", "row_bounds", "split_rows", "join_rows", "stack_rows", "rows_of",
            "Rowwise", "Reduction", "Shuffle", "Stack", "Krylov"]
@@ -131,28 +132,26 @@ class Rowwise:
     answers, with the same rows. Other arguments go whole to every block, except ``rows``
     (arguments with one slice per block, when ``slice_rows(value, tensor)`` says they have the
     tensor's rows) and ``entries`` (arrays with one row per stored entry, cut like the entries).
-    ``applies(**bound)`` may decline a call (it then gathers). With ``probe``, the op first runs
-    on an entry-less stand-in of the whole tensor, so its own checks of how the arguments fit
-    (with the whole shape, and the single-node messages) run before any block's work: for ops
-    whose cost is in the entries, never in a dense output that would be allocated whole."""
+    ``applies(**bound)`` may decline a call (it then gathers). Before any block works, the op's
+    check runs on the whole tensor's description (``Cluster._checked``): the single node's
+    refusals and messages, with the whole shape."""
 
     tensor: str
     rows: tuple[str, ...] = ()
     entries: tuple[str, ...] = ()
     slice_rows: Callable[[Any, Any], bool] | None = None
     applies: Callable[..., bool] | None = None
-    probe: bool = False
     kind: str = "rowwise"
 
 
 @dataclass(frozen=True)
 class Reduction:
     """A reduction: row-wise when the leading axis is kept; otherwise each block reduces to a
-    sparse partial and partials combine pairwise up a tree. ``axes(bound, rank)`` normalizes
-    the op's axis argument (raising the op's own error). ``additive``: a sum, whose dense
-    answer is the sum of the blocks' dense partials (no sparse partials to merge)."""
+    sparse partial and partials combine pairwise up a tree. ``axes`` names the argument that
+    holds the reduced axes once checked (sorted, non-negative). ``additive``: a sum, whose
+    dense answer is the sum of the blocks' dense partials (no sparse partials to merge)."""
 
-    axes: Callable[[Any, int], list[int]]
+    axes: str = "axis"
     additive: bool = False
     tensor: str = "sp_input"
     kind: str = "reduction"
@@ -161,18 +160,20 @@ class Reduction:
 @dataclass(frozen=True)
 class Shuffle:
     """``transpose``: row-wise when the leading axis stays first, else each block's entries are
-    sent to the output block that owns their new row."""
+    sent to the output block that owns their new row. ``perm`` names the argument that holds
+    the whole permutation once checked."""
 
-    perm: Callable[[Any], list[int]]
+    perm: str = "perm"
     tensor: str = "sp_input"
     kind: str = "shuffle"
 
 
 @dataclass(frozen=True)
 class Stack:
-    """``concat`` along the leading axis: the inputs' blocks, one after another."""
+    """``concat`` along the leading axis: the inputs' blocks, one after another. ``axis`` names
+    the argument that holds the axis once checked (non-negative)."""
 
-    axis: Callable[[Any], int]
+    axis: str = "axis"
     tensors: str = "sp_inputs"
     kind: str = "stack"
 
@@ -181,9 +182,9 @@ class Stack:
 class Krylov:
     """An iterative solver on a partitioned square matrix ``tensor``: the solver's loop runs in
     the replica serving the call, over whole vectors, and each product A @ p is computed where
-    the blocks are, every block's worker its own rows. ``solve(make_operator, **bound)`` is the
-    op's code: it checks the call on the entry-less stand-in of the matrix (``bound[tensor]``:
-    the whole shape, so the single-node checks and messages) before any block works, then calls
+    the blocks are, every block's worker its own rows. ``solve(make_operator, **args)`` is the
+    op's code, given the arguments its check made of the matrix's description (the whole
+    shape, so the single-node refusals come before any block works); it calls
     ``make_operator(dtype)`` for the matrix as its loop uses one (``server/cluster.py``'s
     ``BlockOperator``: ``n``, ``dtype``, ``matvec``, ``spmv_dot(s)``, ``jacobi``) and returns the
     op's outputs."""
@@ -195,15 +196,15 @@ class Krylov:
 
 def entry_count_error(name: str, got: int, nnz: int) -> InvalidArgumentError:
     return InvalidArgumentError(f"{name} has {got} rows; it needs one per stored entry of the partitioned "
-                                f"tensor, {nnz}", reason="SHAPE_MISMATCH")
+                                f"tensor, {nnz}", reason=Reason.SHAPE_MISMATCH)
 
 
 def not_partitionable(why: str) -> UnimplementedError:
-    return UnimplementedError(f"this tensor cannot be partitioned: {why}", reason="NOT_PARTITIONABLE")
+    return UnimplementedError(f"this tensor cannot be partitioned: {why}", reason=Reason.NOT_PARTITIONABLE)
 
 
 def too_big_to_gather(what: str, nbytes: int, limit: int) -> ResourceExhaustedError:
     return ResourceExhaustedError(
         f"{what} takes {nbytes} bytes, over the result limit of {limit} bytes (--max-result-bytes) "
         "that bounds gathering a partitioned tensor into one process; keep it partitioned (keep=true) "
-        "or use an op that runs on its blocks", reason="RESULT_TOO_LARGE")
+        "or use an op that runs on its blocks", reason=Reason.RESULT_TOO_LARGE)

@@ -19,6 +19,7 @@ from typing import Any
 
 from sparseserve.core.tensor import OutputRef
 from sparseserve.core.errors import InvalidArgumentError, SparseServeError
+from sparseserve.core.reasons import Reason
 
 from . import tracing
 from .limits import check_deadline
@@ -69,10 +70,10 @@ def plan_pipeline(registry: Registry, raw_steps: list[tuple[str, str, dict[str, 
     """Checked steps and the output names to return ("<step>.<output>"), or the first problem
     as INVALID_ARGUMENT (NOT_FOUND for an unknown op) naming the step and the argument."""
     if not raw_steps:
-        raise InvalidArgumentError("a pipeline needs at least one step", reason="EMPTY_PIPELINE")
+        raise InvalidArgumentError("a pipeline needs at least one step", reason=Reason.EMPTY_PIPELINE)
     if len(raw_steps) > MAX_STEPS:
         raise InvalidArgumentError(f"a pipeline has at most {MAX_STEPS} steps, not {len(raw_steps)}",
-                                   reason="PIPELINE_TOO_LONG")
+                                   reason=Reason.PIPELINE_TOO_LONG)
     available: set[str] = set()
     lists: set[str] = set()  # the list outputs among them
     steps: list[Step] = []
@@ -80,7 +81,7 @@ def plan_pipeline(registry: Registry, raw_steps: list[tuple[str, str, dict[str, 
         name = name or f"step{index}"
         if "." in name or any(s.name == name for s in steps):
             raise InvalidArgumentError(f"step {index} is named {name!r}: step names must be unique and "
-                                       "contain no '.'", reason="BAD_STEP_NAME")
+                                       "contain no '.'", reason=Reason.BAD_STEP_NAME)
         try:
             op = registry.get(op_name)
             _check_arguments(op, args, available, lists)
@@ -93,7 +94,7 @@ def plan_pipeline(registry: Registry, raw_steps: list[tuple[str, str, dict[str, 
     for out in chosen:
         if not _known(out, available, lists):
             raise InvalidArgumentError(f"outputs names {out!r}, which no step produces; available: "
-                                       f"{', '.join(sorted(available))}", reason="UNKNOWN_OUTPUT")
+                                       f"{', '.join(sorted(available))}", reason=Reason.UNKNOWN_OUTPUT)
     return steps, chosen
 
 
@@ -103,7 +104,7 @@ def _check_arguments(op: OpDef, args: dict[str, Any], available: set[str], lists
         arg = declared.get(arg_name)
         if arg is None:
             raise InvalidArgumentError(f"{op.name} has no argument {arg_name!r}; its arguments are "
-                                       f"{', '.join(declared)}", reason="UNKNOWN_ARGUMENT")
+                                       f"{', '.join(declared)}", reason=Reason.UNKNOWN_ARGUMENT)
         refs = _refs_in(value)
         if not refs:
             if value is not None:
@@ -111,20 +112,20 @@ def _check_arguments(op: OpDef, args: dict[str, Any], available: set[str], lists
             continue
         if not (arg.type.is_tensor or arg.type.is_tensor_list):
             raise InvalidArgumentError(f"{arg_name} names an earlier output, but only tensor arguments "
-                                       "may", reason="BAD_REF")
+                                       "may", reason=Reason.BAD_REF)
         for ref in refs:
             if not _known(ref.ref, available, lists):
                 raise InvalidArgumentError(
                     f"{arg_name} names {ref.ref!r}, which is not an output of an earlier step"
                     + (f"; available: {', '.join(sorted(available))}" if available else ""),
-                    reason="UNKNOWN_REF")
+                    reason=Reason.UNKNOWN_REF)
             if ref.ref in lists and not arg.type.is_tensor_list:
                 raise InvalidArgumentError(
                     f"{arg_name} takes one tensor but names {ref.ref!r}, a list output; name one of its "
-                    f"tensors as {ref.ref + '[0]'!r}, ... or pass it to a list argument", reason="BAD_REF")
+                    f"tensors as {ref.ref + '[0]'!r}, ... or pass it to a list argument", reason=Reason.BAD_REF)
     for arg in op.args:
         if arg.required and args.get(arg.name) is None:
-            raise InvalidArgumentError(f"{op.name} needs argument {arg.name!r}", reason="MISSING_ARGUMENT")
+            raise InvalidArgumentError(f"{op.name} needs argument {arg.name!r}", reason=Reason.MISSING_ARGUMENT)
 
 
 def _lookup(results: dict[str, Any], ref: str) -> Any:
@@ -139,7 +140,7 @@ def _lookup(results: dict[str, Any], ref: str) -> Any:
     items = results[base]
     if index >= len(items):
         raise InvalidArgumentError(f"{ref!r} is past the end of {base!r}, which holds {len(items)} "
-                                   f"tensor{'' if len(items) == 1 else 's'}", reason="BAD_REF")
+                                   f"tensor{'' if len(items) == 1 else 's'}", reason=Reason.BAD_REF)
     return items[index]
 
 
@@ -167,7 +168,7 @@ def run_steps(service, steps: list[Step], chosen: list[str], to_host: bool = Fal
             with tracing.span("pipeline step", {"sparseserve.step": step.name, "sparseserve.op": step.op.name},
                               parent=True):  # its validation and kernel spans within
                 args = {name: _substitute(value, results) for name, value in step.args.items()}
-                outputs = service._compute(step.op, service._bind(step.op, args))
+                outputs = service._compute(step.op, service._plan(step.op, args))
         except SparseServeError as err:
             raise _step_error(step.name, err) from None
         results.update({f"{step.name}.{name}": value for name, value in outputs})

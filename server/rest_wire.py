@@ -26,6 +26,7 @@ from sparseserve.core.tensor import OutputRef
 from sparseserve.core.wire import HTTP_TO_CODE, REQUEST_ID_KEY, TIMEOUT_KEY, iter_slices, pipeline_from_pb
 from sparseserve.core.errors import (InternalError, InvalidArgumentError, ResourceExhaustedError,
                                 SparseServeError, UnauthenticatedError)
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels.text import json_depth
 from sparseserve.v1 import sparseserve_pb2 as pb
 
@@ -66,7 +67,7 @@ def error_response(err: SparseServeError) -> JSONResponse:
         err.request_id = info.request_id
     status = 422 if err.code == "INVALID_ARGUMENT" and err.reason in _SCHEMA_REASONS else err.http_status
     # A body left unread: the connection cannot carry another request, so it closes.
-    headers = {"connection": "close"} if err.reason == "BODY_TIMEOUT" else None
+    headers = {"connection": "close"} if err.reason == Reason.BODY_TIMEOUT else None
     return JSONResponse(err.to_json(), status_code=status, headers=headers)
 
 
@@ -175,7 +176,7 @@ def _check_metrics_token(service: Service, authorization: str | None) -> None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
         raise UnauthenticatedError("GET /metrics needs the metrics token (Authorization: Bearer ..., "
                                    "the server's --metrics-token)",
-                                   reason="BAD_TOKEN" if authorization else "MISSING_TOKEN")
+                                   reason=Reason.BAD_TOKEN if authorization else Reason.MISSING_TOKEN)
 
 
 async def _read_body(request: Request, service: Service) -> bytes | memoryview:
@@ -183,9 +184,9 @@ async def _read_body(request: Request, service: Service) -> bytes | memoryview:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ResourceExhaustedError(f"the request body has {declared} bytes, over the limit of {limit} "
-                                     "bytes (--max-request-bytes)", reason="REQUEST_TOO_LARGE")
+                                     "bytes (--max-request-bytes)", reason=Reason.REQUEST_TOO_LARGE)
     too_large = ResourceExhaustedError(f"the request body is over the limit of {limit} bytes "
-                                       "(--max-request-bytes)", reason="REQUEST_TOO_LARGE")
+                                       "(--max-request-bytes)", reason=Reason.REQUEST_TOO_LARGE)
     # Each read brings bytes within --body-timeout, or the call fails and what it took goes back.
     parts = arriving(request.stream(), service.config.body_timeout, "the request body")
     if declared is not None and declared.isdigit():
@@ -196,7 +197,7 @@ async def _read_body(request: Request, service: Service) -> bytes | memoryview:
         async for part in parts:
             if filled + len(part) > body.size:
                 raise InvalidArgumentError("the request body is longer than its Content-Length",
-                                           reason="BAD_BODY")
+                                           reason=Reason.BAD_BODY)
             body[filled:filled + len(part)] = np.frombuffer(part, np.uint8)
             filled += len(part)
         return memoryview(body.data)[:filled]
@@ -216,13 +217,13 @@ def _parse_json(body: bytes | memoryview, max_depth: int) -> Any:
         obj = loads(body)
     except RecursionError:  # deeper than Python's parser goes (about a thousand levels)
         raise ResourceExhaustedError(f"the JSON body nests deeper than Python's parser allows, over the limit "
-                                     f"of {max_depth} levels (--max-json-depth)", reason="JSON_TOO_DEEP") from None
+                                     f"of {max_depth} levels (--max-json-depth)", reason=Reason.JSON_TOO_DEEP) from None
     except ValueError as exc:
-        raise InvalidArgumentError(f"the body is not valid JSON: {exc}", reason="BAD_JSON") from None
+        raise InvalidArgumentError(f"the body is not valid JSON: {exc}", reason=Reason.BAD_JSON) from None
     depth = json_depth(np.frombuffer(body, np.uint8))
     if depth > max_depth:
         raise ResourceExhaustedError(f"the JSON body nests {depth} levels deep, over the limit of {max_depth} "
-                                     "levels (--max-json-depth)", reason="JSON_TOO_DEEP")
+                                     "levels (--max-json-depth)", reason=Reason.JSON_TOO_DEEP)
     return obj
 
 
@@ -250,17 +251,17 @@ def _decode_pipeline_body(body: bytes | memoryview, protobuf: bool, max_depth: i
     if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list) \
             or not all(isinstance(step, dict) for step in obj["steps"]):
         raise InvalidArgumentError('the body must be {"steps": [{"name", "op", "args"}, ...], "outputs": '
-                                   '[...], "keep": false}', reason="BAD_JSON")
+                                   '[...], "keep": false}', reason=Reason.BAD_JSON)
     steps = []
     for i, step in enumerate(obj["steps"]):
         name, op, args = step.get("name", ""), step.get("op"), step.get("args", {})
         if not isinstance(name, str) or not isinstance(op, str) or not isinstance(args, dict):
             raise InvalidArgumentError(f"steps[{i}] needs a string op, an optional string name and an "
-                                       "object of args", reason="BAD_JSON")
+                                       "object of args", reason=Reason.BAD_JSON)
         steps.append((name, op, {k: _json_arg(v, f"{name or i}.{k}") for k, v in args.items()}))
     outputs = obj.get("outputs", [])
     if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
-        raise InvalidArgumentError("outputs must be a list of \"<step>.<output>\" names", reason="BAD_JSON")
+        raise InvalidArgumentError("outputs must be a list of \"<step>.<output>\" names", reason=Reason.BAD_JSON)
     return steps, outputs, bool(obj.get("keep", False))
 
 
@@ -481,7 +482,7 @@ def _parse_message(cls, body: bytes | memoryview):
         return cls.FromString(body)
     except Exception:  # protobuf raises DecodeError, or others on some inputs
         raise InvalidArgumentError(f"the body is not a sparseserve.v1.{cls.__name__} message",
-                                   reason="BAD_BODY") from None
+                                   reason=Reason.BAD_BODY) from None
 
 
 def _decode_pb_tensor(body: bytes, max_depth: int):
@@ -495,7 +496,7 @@ def _decode_op_body(body: bytes, protobuf: bool, max_depth: int) -> tuple[dict[s
         return args, keep
     obj = _parse_json(body, max_depth) if body else {}
     if not isinstance(obj, dict):
-        raise InvalidArgumentError("the body must be a JSON object of named arguments", reason="BAD_JSON")
+        raise InvalidArgumentError("the body must be a JSON object of named arguments", reason=Reason.BAD_JSON)
     return {name: _json_arg(v, name) for name, v in obj.items()}, False
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from sparseserve.core.tensor import HandleRef, TensorInfo
 from sparseserve.core.errors import (InternalError, InvalidArgumentError, NotFoundError, ResourceExhaustedError,
                                 SparseServeError, UnauthenticatedError, UnavailableError, UnimplementedError)
+from sparseserve.core.reasons import Reason
 
 from . import tracing
 from .trust import checked
@@ -30,7 +31,7 @@ from .limits import (check_argument_limits, check_deadline, check_result_bytes, 
                      deadline_exceeded, seconds_left)
 from .metrics import Metrics, current, name_op
 from .pipeline import plan_pipeline, run_steps
-from .registry import Registry
+from .registry import Plan, Registry
 from .shm import SharedSegments
 from .sizes import INLINE_BYTES, arguments_nbytes, tensor_nbytes
 from .spill import SpillDir, SpillDirError, Staging, file_bytes
@@ -51,7 +52,7 @@ def check_partitions(partitions: Any) -> int:
     """``partitions`` of a put: 0 (not partitioned) up to MAX_PARTITIONS."""
     if isinstance(partitions, bool) or not isinstance(partitions, int) or not 0 <= partitions <= MAX_PARTITIONS:
         raise InvalidArgumentError(f"partitions must be an integer from 0 (not partitioned) to {MAX_PARTITIONS}, "
-                                   f"not {partitions!r}", reason="BAD_PARTITIONS")
+                                   f"not {partitions!r}", reason=Reason.BAD_PARTITIONS)
     return partitions
 
 
@@ -63,7 +64,7 @@ def partitions_from_text(value: str | None, source: str) -> int:
         return int(value)
     except ValueError:
         raise InvalidArgumentError(f"{source} must be an integer, not {value[:40]!r}",
-                                   reason="BAD_PARTITIONS") from None
+                                   reason=Reason.BAD_PARTITIONS) from None
 
 
 class Service:
@@ -116,7 +117,7 @@ class Service:
         if not self.config.allow_shared_memory:
             raise UnimplementedError("shared memory is off on this server: start it with --allow-shared-memory "
                                      "(SPARSESERVE_ALLOW_SHARED_MEMORY=1) for same-host transfers, or put and "
-                                     "get without shared_memory=True", reason="SHARED_MEMORY_OFF")
+                                     "get without shared_memory=True", reason=Reason.SHARED_MEMORY_OFF)
         if self._shared is None:
             self._shared = SharedSegments(self.config.shm_ttl)
         return self._shared
@@ -130,7 +131,7 @@ class Service:
         tenant = self.tokens.get(token) if scheme.lower() == "bearer" else None
         if tenant is None:
             raise UnauthenticatedError("a valid bearer token is required (Authorization: Bearer ...)",
-                                       reason="BAD_TOKEN" if authorization else "MISSING_TOKEN")
+                                       reason=Reason.BAD_TOKEN if authorization else Reason.MISSING_TOKEN)
         info = current.get()
         if info is not None:
             info.tenant = tenant
@@ -157,7 +158,7 @@ class Service:
             work = self.executor.submit(contextvars.copy_context().run, fn, *args)
         except RuntimeError:  # the pool has shut down (the server is stopping)
             self._free_slot()
-            raise UnavailableError("the server is shutting down", reason="SHUTTING_DOWN") from None
+            raise UnavailableError("the server is shutting down", reason=Reason.SHUTTING_DOWN) from None
         future = asyncio.wrap_future(work)
         future.add_done_callback(self._release)
         expiry = asyncio.timeout(seconds_left())
@@ -180,7 +181,7 @@ class Service:
                 raise UnavailableError(
                     f"the server is running {self.running} calls, its limit (--max-concurrency "
                     f"{self.concurrency}), and {self.queued} more wait, its queue limit (--max-queue "
-                    f"{self.config.max_queue}); retry later", reason="OVERLOADED")
+                    f"{self.config.max_queue}); retry later", reason=Reason.OVERLOADED)
             self.queued += 1
             try:
                 with tracing.span("queue wait", {"sparseserve.queue.position": self.queued}):
@@ -240,15 +241,15 @@ class Service:
         size = arguments_nbytes(resolved.values())
         if size >= INLINE_BYTES or op.iterative:  # an iterative op's cost is not its input's size
             return await self._kept(await self.run(self._execute_sync, op, resolved, not keep), keep, tenant)
-        # Small inputs: validated on the loop, and the kernel run there too unless the op says its
+        # Small inputs: checked on the loop, and the kernel run there too unless the op says its
         # result is big (as ``run`` would, without its awaits: a small call's time is overheads).
         check_deadline("before the work started")
-        bound = self._bind(op, resolved)
-        result = self.result_bytes(op, bound, size)
+        plan = self._plan(op, resolved)
+        result = self.result_bytes(op, plan, size)
         if result >= INLINE_BYTES:
-            outputs = await self.run(self._compute, op, bound, not keep)
+            outputs = await self.run(self._compute, op, plan, not keep)
         else:
-            outputs = self._compute(op, bound, not keep)
+            outputs = self._compute(op, plan, not keep)
         return await self._kept(outputs, keep, tenant) if keep else outputs  # not kept: on the host already
 
     async def execute_pipeline(self, raw_steps: list[tuple[str, str, dict[str, Any]]], outputs: list[str],
@@ -267,40 +268,41 @@ class Service:
         return await self._kept(await self.run(run_steps, self, steps, chosen, not keep), keep, tenant)
 
     def _execute_sync(self, op, args: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
-        return self._compute(op, self._bind(op, args), to_host)
+        return self._compute(op, self._plan(op, args), to_host)
 
-    def _bind(self, op, args: dict[str, Any]) -> dict[str, Any]:
-        """Validated arguments, and the declared result size checked against the limit."""
+    def _plan(self, op, args: dict[str, Any]) -> Plan:
+        """Check, before any kernel: the arguments bound, the op's ``check`` run once (its
+        refusals, the same on every device), and the declared result size held to the limit."""
         with tracing.span("validation"):
-            bound = op.bind(args)
+            plan = op.plan(op.bind(args))
             if op.result_bytes is not None:
-                check_result_bytes(op, self.result_bytes(op, bound), self.config.max_result_bytes)
-        return bound
+                check_result_bytes(op, self.result_bytes(op, plan), self.config.max_result_bytes)
+        return plan
 
-    def result_bytes(self, op, bound: dict[str, Any], otherwise: int = 0) -> int:
+    def result_bytes(self, op, plan: Plan, otherwise: int = 0) -> int:
         """The op's declared result size (``otherwise`` when it declares none). Some estimates
         count entries with numpy; CuPy refuses to hand numpy a device array (TypeError), and
         then the estimate reads a host copy of the arguments: a copy, never a skipped check."""
         if op.result_bytes is None:
             return otherwise
         try:
-            return op.result_bytes(**bound)
+            return op.result_bytes(**plan.args)
         except TypeError:
             if self.backend is None:
                 raise
-            return op.result_bytes(**{name: self.backend.to_host(value) for name, value in bound.items()})
+            return op.result_bytes(**{name: self.backend.to_host(value) for name, value in plan.args.items()})
 
-    def _compute(self, op, bound: dict[str, Any], to_host: bool = False) -> list[tuple[str, Any]]:
-        """(output name, value) pairs of one op call on validated arguments; with ``to_host``,
+    def _compute(self, op, plan: Plan, to_host: bool = False) -> list[tuple[str, Any]]:
+        """(output name, value) pairs of one checked op call; with ``to_host``,
         a GPU worker's outputs copied to the host here, in the worker thread, rather than on the
         event loop (``_kept`` copies only what is still on the device)."""
         try:
             with tracing.span("kernel", {"sparseserve.op": op.name, "sparseserve.device": self.device}):
-                results = op.run("cpu", bound) if self.backend is None else self.backend.run(op, bound)
+                results = op.run_plan("cpu", plan) if self.backend is None else self.backend.run(op, plan)
         except SparseServeError:
             raise
         except MemoryError:
-            raise ResourceExhaustedError(f"{op.name} ran out of memory", reason="OUT_OF_MEMORY") from None
+            raise ResourceExhaustedError(f"{op.name} ran out of memory", reason=Reason.OUT_OF_MEMORY) from None
         except Exception as exc:  # a bug: report it as one, keep serving
             log.exception("op %s failed", op.name)
             raise InternalError(f"{op.name} failed: {type(exc).__name__}: {exc}") from exc
@@ -338,7 +340,7 @@ class Service:
         --distribute-above-bytes, else in this process (a GPU worker's device memory)."""
         if partitions and self.cluster is None:
             raise UnimplementedError("partitions needs a server started with --dask-scheduler",
-                                     reason="NO_CLUSTER")
+                                     reason=Reason.NO_CLUSTER)
         big = self.cluster is not None and 0 < self.config.distribute_above_bytes < tensor_nbytes(value)
         if partitions or big:
             from .partition import not_partitionable, partitionable
@@ -404,7 +406,7 @@ class Service:
             try:
                 return await self._held(value.handle, tenant)
             except NotFoundError as exc:
-                if self.cluster is None or exc.reason != "UNKNOWN_HANDLE":  # EVICTED, say: one of ours
+                if self.cluster is None or exc.reason != Reason.UNKNOWN_HANDLE:  # EVICTED, say: one of ours
                     raise
                 return await self.run(self.cluster.lookup, value.handle, tenant)
         if isinstance(value, list):
@@ -429,7 +431,7 @@ class Service:
         try:
             return self._on_host(await self._held(handle, tenant))
         except NotFoundError as exc:
-            if self.cluster is None or exc.reason != "UNKNOWN_HANDLE":
+            if self.cluster is None or exc.reason != Reason.UNKNOWN_HANDLE:
                 raise
         return await self.run(self.cluster.get, handle, tenant, self.config.max_result_bytes)
 
@@ -437,7 +439,7 @@ class Service:
         try:
             self.store.delete(handle, tenant)
         except NotFoundError as exc:
-            if self.cluster is None or exc.reason != "UNKNOWN_HANDLE":
+            if self.cluster is None or exc.reason != Reason.UNKNOWN_HANDLE:
                 raise
             await self.run(self.cluster.delete, handle, tenant)
 
@@ -453,5 +455,5 @@ class Service:
             raise ResourceExhaustedError(
                 f"the {what} takes {size} bytes, over the {limit}-byte message limit; call with "
                 "keep=true and fetch the result with get (it streams in chunks)",
-                reason="MESSAGE_TOO_LARGE")
+                reason=Reason.MESSAGE_TOO_LARGE)
         return size

@@ -93,6 +93,7 @@ from sparseserve.core.errors import (InternalError, InvalidArgumentError, Permis
                                      ResourceExhaustedError, UnavailableError)
 from sparseserve.core.shm import (SEGMENT_NAME, create_segment, header_slots, new_segment_name, open_segment,
                                   read_tensor, segment_bytes, tensor_arrays, unlink_segment, write_tensor)
+from sparseserve.core.reasons import Reason
 from sparseserve.v1 import sparseserve_pb2 as pb
 
 from .store import STORE_LIMIT, STORE_REASON
@@ -142,7 +143,7 @@ class SharedSegments:
         """A new empty segment of ``nbytes`` for ``tenant`` to write and hand over with PutShared."""
         if nbytes < 0:
             raise InvalidArgumentError(f"nbytes = {nbytes}: a segment's size cannot be negative",
-                                       reason="BAD_SEGMENT_SIZE")
+                                       reason=Reason.BAD_SEGMENT_SIZE)
         if max_bytes is not None and nbytes > max_bytes:
             raise ResourceExhaustedError(f"a {nbytes}-byte segment would hold a tensor over {STORE_LIMIT} of "
                                          f"{max_bytes} bytes", reason=STORE_REASON)
@@ -155,12 +156,12 @@ class SharedSegments:
         refusal: Exception | None = None
         with self._lock:
             if self._closed:
-                refusal = UnavailableError("the server is shutting down", reason="SHUTTING_DOWN")
+                refusal = UnavailableError("the server is shutting down", reason=Reason.SHUTTING_DOWN)
             elif self._held[tenant] >= self.max_leases:
                 refusal = ResourceExhaustedError(
                     f"this tenant holds {self._held[tenant]} registered segments, the most it may (each is "
                     f"handed over with PutShared or unlinked after --shm-ttl {self.ttl_seconds:g} s)",
-                    reason="TOO_MANY_SEGMENTS")
+                    reason=Reason.TOO_MANY_SEGMENTS)
             else:
                 self._leases[name] = _Lease(tenant, self._clock(), identity)
                 self._held[tenant] += 1
@@ -178,7 +179,7 @@ class SharedSegments:
         if not SEGMENT_NAME.match(name):
             raise InvalidArgumentError(
                 f"segment = {name[:80]!r} is not a sparseserve segment name ('sparseserve-' and 32 "
-                "lowercase hex digits, as RegisterSegment makes them)", reason="BAD_SEGMENT_NAME")
+                "lowercase hex digits, as RegisterSegment makes them)", reason=Reason.BAD_SEGMENT_NAME)
         lease = self._claim(name, tenant)
         try:
             slots = header_slots(request.header, "tensor")
@@ -190,7 +191,7 @@ class SharedSegments:
             try:
                 if _identity(fd) != lease.identity:
                     raise InvalidArgumentError(f"segment {name} is not the object RegisterSegment made: "
-                                               "another was put under its name", reason="BAD_SEGMENT")
+                                               "another was put under its name", reason=Reason.BAD_SEGMENT)
                 return read_tensor(fd, request.header, name, slots)
             finally:
                 os.close(fd)
@@ -215,7 +216,7 @@ class SharedSegments:
         raise PermissionDeniedError(
             f"segment {name} is not one RegisterSegment made for this tenant, or it was handed over "
             f"already, or its --shm-ttl of {self.ttl_seconds:g} s ran out: PutShared takes a segment from "
-            "RegisterSegment, once, with the token that registered it", reason="SEGMENT_NOT_REGISTERED")
+            "RegisterSegment, once, with the token that registered it", reason=Reason.SEGMENT_NOT_REGISTERED)
 
     # ------------------------------------------------------------- GetShared
     def export(self, tensor: Any) -> pb.SharedTensor:
@@ -232,7 +233,7 @@ class SharedSegments:
                     self._exported[name] = self._clock()
             if closed:
                 unlink_segment(name)
-                raise UnavailableError("the server is shutting down", reason="SHUTTING_DOWN")
+                raise UnavailableError("the server is shutting down", reason=Reason.SHUTTING_DOWN)
             try:
                 write_tensor(fd, slots, tensor_arrays(tensor))
             except BaseException:
@@ -285,7 +286,7 @@ class SharedSegments:
     # ------------------------------------------------------------- internals
     def _check_open(self) -> None:
         if self._closed:
-            raise UnavailableError("the server is shutting down", reason="SHUTTING_DOWN")
+            raise UnavailableError("the server is shutting down", reason=Reason.SHUTTING_DOWN)
 
     def _create(self, size: int) -> tuple[str, int]:
         """A new segment under a fresh name, and its descriptor; a name that exists already (made
@@ -298,7 +299,7 @@ class SharedSegments:
                 log.warning("a fresh shared-memory segment name existed already: %s; drawing another", name)
             except OSError as exc:
                 raise ResourceExhaustedError(f"cannot make a {size}-byte shared-memory segment: "
-                                             f"{exc.strerror}", reason="SHARED_MEMORY_FULL") from None
+                                             f"{exc.strerror}", reason=Reason.SHARED_MEMORY_FULL) from None
         raise InternalError("eight fresh 128-bit segment names all existed already")
 
     def _drop_lease(self, name: str) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from sparseserve.core.errors import ResourceExhaustedError, SparseServeError, UnavailableError
 from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.reasons import Reason
 
 __all__ = ["SpillDir", "SpillDirError", "Damaged", "Abandoned", "Staging", "Restored", "file_bytes"]
 
@@ -146,10 +147,10 @@ def _disk_error(exc: OSError, doing: str) -> SparseServeError:
     what = f"{doing} in --spill-dir failed: {exc.strerror or exc}"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         err: SparseServeError = ResourceExhaustedError(
-            f"{what}; the disk is full. Delete handles, or give --spill-dir more room", reason="DISK_FULL")
+            f"{what}; the disk is full. Delete handles, or give --spill-dir more room", reason=Reason.DISK_FULL)
         err.http_status = 507  # Insufficient Storage: the server's disk, not the request, is too small
         return err
-    return UnavailableError(f"{what}; retry later", reason="DISK_ERROR")
+    return UnavailableError(f"{what}; retry later", reason=Reason.DISK_ERROR)
 
 
 class Staging:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 from sparseserve.core.errors import (NotFoundError, PermissionDeniedError, ResourceExhaustedError,
                                      SparseServeError)
+from sparseserve.core.reasons import Reason
 
 from .sizes import tensor_nbytes
 from .spill import Damaged, SpillDir, file_bytes
@@ -124,7 +125,7 @@ class HandleStore:
         quota = self.tenant_budget_bytes
         if quota and nbytes > quota:
             err = ResourceExhaustedError(f"the tensor takes {nbytes} bytes, over the budget of one tenant, "
-                                         f"{quota} bytes (--tenant-store-bytes)", reason="TENANT_QUOTA")
+                                         f"{quota} bytes (--tenant-store-bytes)", reason=Reason.TENANT_QUOTA)
             err.http_status = 429  # a quota, not a size limit (SPEC section 6)
             raise err
         if self.spill is not None and file_size > self.spill.budget_bytes:
@@ -248,15 +249,15 @@ class HandleStore:
             owner, reason, why = self._gone.get(handle, ("", "", ""))
             if reason and owner == tenant:  # another tenant learns nothing of it
                 if reason == "evicted":
-                    raise NotFoundError(f"handle {handle!r} was evicted: {why}", reason="EVICTED")
+                    raise NotFoundError(f"handle {handle!r} was evicted: {why}", reason=Reason.EVICTED)
                 if reason == "expired":
-                    raise NotFoundError(f"handle {handle!r} expired: {why}", reason="EXPIRED")
-                raise NotFoundError(f"handle {handle!r} is gone: {why}", reason="DAMAGED")
+                    raise NotFoundError(f"handle {handle!r} expired: {why}", reason=Reason.EXPIRED)
+                raise NotFoundError(f"handle {handle!r} is gone: {why}", reason=Reason.DAMAGED)
             raise NotFoundError(f"no tensor with handle {handle!r}: never made, deleted, expired "
-                                "or evicted", reason="UNKNOWN_HANDLE")
+                                "or evicted", reason=Reason.UNKNOWN_HANDLE)
         if entry.tenant != tenant:
             raise PermissionDeniedError(f"handle {handle!r} belongs to another tenant",
-                                        reason="OTHER_TENANT")
+                                        reason=Reason.OTHER_TENANT)
         return entry
 
     def _touch(self, handle: str, entry: _Entry) -> None:

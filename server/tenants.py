@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparseserve.core.errors import UnauthenticatedError
+from sparseserve.core.reasons import Reason
 
 from .metrics import current
 
@@ -37,13 +38,13 @@ def call_tenant(service: Service, authorization: str | None, peer_cn: str | None
     if not peer_cn:
         # The handshake asked for a certificate and verified it: only one with no CN gets here.
         raise UnauthenticatedError("the client certificate's subject has no CN (common name), so it names no "
-                                   "tenant", reason="BAD_TOKEN")
+                                   "tenant", reason=Reason.BAD_TOKEN)
     if service.tokens:
         named = service.tenant_for(authorization)  # MISSING_TOKEN, BAD_TOKEN
         if named != peer_cn:
             # Neither name goes into the message: the caller may hold a token that is not theirs.
             raise UnauthenticatedError("the bearer token is not the client certificate's tenant: both must "
-                                       "name the same one", reason="BAD_TOKEN")
+                                       "name the same one", reason=Reason.BAD_TOKEN)
     info = current.get()
     if info is not None:
         info.tenant = peer_cn

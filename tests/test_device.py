@@ -118,7 +118,7 @@ def test_a_gpu_kernel_that_cannot_finish_hands_the_call_to_the_cpu_kernel(gpu, c
     def fails(be, **bound):
         raise failure
 
-    monkeypatch.setitem(op.kernels, "cuda", GpuKernel(fails, lambda **bound: None))
+    monkeypatch.setitem(op.kernels, "cuda", GpuKernel(fails))
     st = sample()
     got = execute(gpu, "coalesce", {"sp_input": st})["output"]
     want = execute(cpu, "coalesce", {"sp_input": st})["output"]

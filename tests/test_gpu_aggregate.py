@@ -36,14 +36,17 @@ class Runs:
         be.on_fallback = lambda op, reason: self.fallbacks.append((op, reason))
 
     def both(self, **args):
-        bound = OP.bind(args)
         self.fallbacks.clear()
         try:
-            want = OP.run("cpu", bound)[0]
+            plan = OP.plan(OP.bind(args))
+        except SparseServeError as exc:  # refused by the op's check, before any device runs
+            return exc, exc
+        try:
+            want = OP.run_plan("cpu", plan)[0]
         except SparseServeError as exc:
             want = exc
         try:
-            got = self.be.run(OP, bound)[0]
+            got = self.be.run(OP, plan)[0]
         except SparseServeError as exc:
             return exc, want
         if not self.fallbacks:

@@ -18,8 +18,7 @@ def both(be, **args):
     fallbacks = []
     be.on_fallback = lambda op, reason: fallbacks.append(reason)
     op = REGISTRY.get("index_select")
-    bound = op.bind(args)
-    gpu = be.to_host(be.run(op, bound)[0])
+    gpu = be.to_host(be.run(op, op.plan(op.bind(args)))[0])
     cpu = op.run("cpu", op.bind(args))[0]
     return gpu, cpu, fallbacks
 

@@ -34,14 +34,17 @@ class Calls:
 
     def both(self, name: str, **args):
         op = REGISTRY.get(name)
-        bound = op.bind(args)
         self.fallbacks.clear()
         try:
-            want = op.run("cpu", bound)[0]
+            plan = op.plan(op.bind(args))
+        except SparseServeError as exc:  # refused by the op's check, before any device runs
+            return exc, exc
+        try:
+            want = op.run_plan("cpu", plan)[0]
         except SparseServeError as exc:
             want = exc
         try:
-            got = self.be.run(op, bound)[0]
+            got = self.be.run(op, plan)[0]
         except SparseServeError as exc:
             return exc, want
         if not self.fallbacks:

@@ -431,7 +431,7 @@ def test_gpu_kernels_leave_compressed_inputs_to_the_cpu():
     for name, args in calls:
         fallbacks.clear()
         op = REGISTRY.get(name)
-        bound = op.bind(args)
-        got = be.to_host(be.run(op, bound)[0])
+        plan = op.plan(op.bind(args))
+        got = be.to_host(be.run(op, plan)[0])
         assert fallbacks == [(name, "layout")], (name, fallbacks)
-        assert_eq(got, op.run("cpu", bound)[0], what=name, exact=True)
+        assert_eq(got, op.run_plan("cpu", plan)[0], what=name, exact=True)

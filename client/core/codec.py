@@ -20,6 +20,7 @@ from .tensor import HandleRef, OutputRef, SparseTensor, TensorInfo, coo_tensor
 from .validate import ARRAY_MAX_RANK, check_array_shape, check_shape
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from ..v1 import sparseserve_pb2 as pb
+from .reasons import Reason
 
 __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
            "value_from_pb", "array_bytes", "tensor_bytes", "value_bytes", "tensor_pieces", "tensor_to_bytes",
@@ -199,7 +200,7 @@ def _array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], in
     dtype = _WIRE_DTYPES.get(msg.dtype)
     if dtype is None:
         raise InvalidArgumentError(f"{name}.dtype = {msg.dtype} is not a supported dtype",
-                                   reason="BAD_DTYPE")
+                                   reason=Reason.BAD_DTYPE)
     shape = check_array_shape(msg.shape, f"{name}.shape")
     nbytes = math.prod(shape) * dtype.itemsize  # Python ints: exact, and quick for a short shape
     return dtype, shape, nbytes
@@ -219,7 +220,7 @@ def array_from_pb(msg: pb.Array, name: str) -> np.ndarray:
     if len(data) != nbytes:
         raise InvalidArgumentError(
             f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
-            f"imply {nbytes}", reason="BUFFER_LENGTH")
+            f"imply {nbytes}", reason=Reason.BUFFER_LENGTH)
     return _view(data, dtype, shape)
 
 
@@ -267,7 +268,7 @@ def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name
     layout = _LAYOUT_FROM_PB.get(sp.layout)
     if layout is None:
         raise InvalidArgumentError(f"{name}.layout = {sp.layout} is not a known layout",
-                                   reason="BAD_LAYOUT")
+                                   reason=Reason.BAD_LAYOUT)
     shape = check_shape(sp.dense_shape[:], f"{name}.dense_shape")  # [:]: a list, quicker to walk
     blocksize = sp.blocksize[:]
     blocksize = tuple(blocksize) if blocksize else None
@@ -290,7 +291,7 @@ def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | Han
     if kind == "dense":
         return array_from_pb(msg.dense, name)
     raise InvalidArgumentError(f"{name} is an empty Tensor message: set sparse, dense or handle",
-                               reason="MISSING_TENSOR")
+                               reason=Reason.MISSING_TENSOR)
 
 
 def info_to_pb(info: TensorInfo) -> pb.TensorInfo:
@@ -412,7 +413,7 @@ def _array_from_view(view: memoryview, name: str) -> np.ndarray | None:
     if len(data) != nbytes:
         raise InvalidArgumentError(
             f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
-            f"imply {nbytes}", reason="BUFFER_LENGTH")
+            f"imply {nbytes}", reason=Reason.BUFFER_LENGTH)
     arr = _view(data, dtype, shape)
     # Kernels want aligned arrays; a body gives its arrays whatever offsets it has.
     return arr if arr.ctypes.data % dtype.alignment == 0 else arr.copy()
@@ -432,7 +433,7 @@ def tensor_from_bytes(body: bytes | bytearray | memoryview, name: str) -> Sparse
         msg = pb.Tensor.FromString(view)
     except Exception:  # DecodeError, or others on some inputs
         raise InvalidArgumentError("the body is not a sparseserve.v1.Tensor message",
-                                   reason="BAD_BODY") from None
+                                   reason=Reason.BAD_BODY) from None
     return tensor_from_pb(msg, name)
 
 
@@ -613,7 +614,7 @@ def parse_chunk(frame: bytes | memoryview) -> pb.TensorChunk | memoryview:
         return pb.TensorChunk.FromString(view)
     except DecodeError:
         raise InvalidArgumentError("a TensorChunk of the stream is not a valid message",
-                                   reason="BAD_STREAM") from None
+                                   reason=Reason.BAD_STREAM) from None
 
 
 class ChunkAssembler:
@@ -626,7 +627,7 @@ class ChunkAssembler:
     """
 
     def __init__(self, name: str = "tensor", max_bytes: int | None = None, *,
-                 limit: str = "the limit", reason: str = "TENSOR_TOO_LARGE",
+                 limit: str = "the limit", reason: str = Reason.TENSOR_TOO_LARGE,
                  allocate: Callable[[int], np.ndarray] = new_buffer):
         self.name = name
         self.max_bytes = max_bytes
@@ -655,11 +656,11 @@ class ChunkAssembler:
         elif kind == "data":
             self._append(memoryview(chunk.data))
         else:
-            raise InvalidArgumentError(f"{self.name}: empty TensorChunk", reason="BAD_STREAM")
+            raise InvalidArgumentError(f"{self.name}: empty TensorChunk", reason=Reason.BAD_STREAM)
 
     def _start(self, header: pb.Tensor) -> None:
         if self._header is not None:
-            raise InvalidArgumentError(f"{self.name}: a second header in one stream", reason="BAD_STREAM")
+            raise InvalidArgumentError(f"{self.name}: a second header in one stream", reason=Reason.BAD_STREAM)
         kind = header.WhichOneof("kind")
         if kind == "sparse":
             msgs = [(f, getattr(header.sparse, f)) for f in _sparse_fields(header.sparse)]
@@ -667,12 +668,12 @@ class ChunkAssembler:
             msgs = [("data", header.dense)]
         else:
             raise InvalidArgumentError(f"{self.name}: the stream header must be a sparse or dense "
-                                       "tensor", reason="BAD_STREAM")
+                                       "tensor", reason=Reason.BAD_STREAM)
         sizes = []
         for field, msg in msgs:
             if msg.data:
                 raise InvalidArgumentError(f"{self.name}.{field}: a stream header carries no data",
-                                           reason="BAD_STREAM")
+                                           reason=Reason.BAD_STREAM)
             dtype, shape, nbytes = _array_spec(msg, f"{self.name}.{field}")
             self._specs.append((field, dtype, shape))
             sizes.append(nbytes)
@@ -691,13 +692,13 @@ class ChunkAssembler:
 
     def _append(self, data: memoryview) -> None:
         if self._header is None:
-            raise InvalidArgumentError(f"{self.name}: data before the header", reason="BAD_STREAM")
+            raise InvalidArgumentError(f"{self.name}: data before the header", reason=Reason.BAD_STREAM)
         src = np.frombuffer(data, dtype=np.uint8)
         while src.size:
             if self._current == len(self._buffers):
                 raise InvalidArgumentError(
                     f"{self.name}: the stream sends more than the {self.total_bytes} bytes its "
-                    "header announces", reason="BUFFER_LENGTH")
+                    "header announces", reason=Reason.BUFFER_LENGTH)
             buf = self._buffers[self._current]
             n = min(src.size, buf.size - self._offset)
             buf[self._offset:self._offset + n] = src[:n]
@@ -707,12 +708,12 @@ class ChunkAssembler:
 
     def finish(self) -> SparseTensor | np.ndarray:
         if self._header is None:
-            raise InvalidArgumentError(f"{self.name}: the stream has no header", reason="BAD_STREAM")
+            raise InvalidArgumentError(f"{self.name}: the stream has no header", reason=Reason.BAD_STREAM)
         if self._current != len(self._buffers):
             received = sum(int(b.size) for b in self._buffers[:self._current]) + self._offset
             raise InvalidArgumentError(
                 f"{self.name}: the stream ended after {received} of the {self.total_bytes} bytes "
-                "its header announces", reason="BUFFER_LENGTH")
+                "its header announces", reason=Reason.BUFFER_LENGTH)
         arrays = {field: _view(buf, dtype, shape)
                   for (field, dtype, shape), buf in zip(self._specs, self._buffers, strict=True)}
         if self._header.WhichOneof("kind") == "dense":

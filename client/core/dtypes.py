@@ -7,6 +7,7 @@ table cannot drift from ``sparseserve.v1.DType``.
 from __future__ import annotations
 
 import numpy as np
+from .reasons import Reason
 
 DTYPE_NAMES: tuple[str, ...] = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -27,7 +28,7 @@ def dtype_from_name(name: str, *, argument: str = "dtype") -> np.dtype:
 
         raise InvalidArgumentError(
             f"{argument} = {name!r} is not a supported dtype; expected one of {', '.join(DTYPE_NAMES)}",
-            reason="BAD_DTYPE",
+            reason=Reason.BAD_DTYPE,
         ) from None
 
 
@@ -43,6 +44,6 @@ def check_supported(dtype: np.dtype, argument: str) -> np.dtype:
         raise InvalidArgumentError(
             f"{argument} has dtype {np.dtype(dtype)}, which is not supported; expected one of "
             f"{', '.join(DTYPE_NAMES)}",
-            reason="BAD_DTYPE",
+            reason=Reason.BAD_DTYPE,
         )
     return native

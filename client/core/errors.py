@@ -1,4 +1,4 @@
-"""The one error model of both wires (SPEC section 6).
+"""The one error model of both wires (docs/contract.md, "Errors").
 
 The server raises these classes; each wire maps them to its status in one
 place (the tables below), and the SDK maps a status back to the same class,
@@ -31,8 +31,9 @@ class SparseServeError(Exception):
     """Base of every error the service reports.
 
     ``code`` is the canonical code name (``"INVALID_ARGUMENT"``), ``reason`` a
-    stable machine-readable word for the broken rule, ``message`` the human
-    text that names the argument and the rule.
+    stable machine-readable word for the broken rule (a ``Reason`` of
+    ``sparseserve.core.reasons`` where the service raises it, kept as a plain
+    ``str``), ``message`` the human text that names the argument and the rule.
     """
 
     code = "UNKNOWN"
@@ -42,7 +43,7 @@ class SparseServeError(Exception):
     def __init__(self, message: str, *, reason: str | None = None, request_id: str | None = None):
         super().__init__(message)
         self.message = message
-        self.reason = reason or self.code
+        self.reason = str(reason) if reason else self.code
         self.request_id = request_id
 
     def __str__(self) -> str:

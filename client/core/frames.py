@@ -31,6 +31,7 @@ from .codec import (DEFAULT_CHUNK_BYTES, WireField, _bytes_field, _len_prefix, _
 from .tensor import SparseTensor
 from .errors import InvalidArgumentError, ResourceExhaustedError
 from ..v1 import sparseserve_pb2 as pb
+from .reasons import Reason
 
 __all__ = ["FRAME_BYTES", "execute_request_pieces", "execute_request_bytes", "execute_request_from_bytes",
            "outputs_pieces", "outputs_to_bytes", "outputs_from_bytes", "flat_outputs", "grouped_outputs",
@@ -150,12 +151,12 @@ def grouped_outputs(flat: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         if count is None or count.ndim != 0 or count.dtype.kind not in "iu" or not \
                 0 <= int(count) <= len(flat) - position:
             raise InvalidArgumentError(f"the reply's {name!r} entry must be an integer scalar counting the "
-                                       f"{base!r} entries after it", reason="BAD_BODY")
+                                       f"{base!r} entries after it", reason=Reason.BAD_BODY)
         items = flat[position:position + int(count)]
         for i, (item_name, _) in enumerate(items):
             if item_name != f"{base}[{i}]":
                 raise InvalidArgumentError(f"the reply's entry {item_name!r} stands where {base}[{i}] "
-                                           "should", reason="BAD_BODY")
+                                           "should", reason=Reason.BAD_BODY)
         out.append((base, [v for _, v in items]))
         position += int(count)
     return out
@@ -247,7 +248,7 @@ def execute_request_from_bytes(body: bytes) -> tuple[str, dict[str, Any], bool]:
         msg = pb.ExecuteRequest.FromString(view)
     except Exception:  # DecodeError, or others on some inputs
         raise InvalidArgumentError("the request is not a sparseserve.v1.ExecuteRequest message",
-                                   reason="BAD_BODY") from None
+                                   reason=Reason.BAD_BODY) from None
     return msg.op, {name: value_from_pb(value, name) for name, value in msg.args.items()}, msg.keep
 
 
@@ -311,7 +312,7 @@ def message_frames(pieces: list, frame_bytes: int = DEFAULT_CHUNK_BYTES) -> Iter
 
 
 def _bad_stream(message: str) -> InvalidArgumentError:
-    return InvalidArgumentError(message, reason="BAD_STREAM")
+    return InvalidArgumentError(message, reason=Reason.BAD_STREAM)
 
 
 class MessageAssembler:
@@ -351,7 +352,7 @@ class MessageAssembler:
         if data is not None and len(data):
             if self._filled + len(data) > buffer.size:
                 raise InvalidArgumentError(f"{self.name}: the stream sends more than the {buffer.size} "
-                                           "bytes its first frame announces", reason="BUFFER_LENGTH")
+                                           "bytes its first frame announces", reason=Reason.BUFFER_LENGTH)
             buffer[self._filled:self._filled + len(data)] = np.frombuffer(data, np.uint8)
             self._filled += len(data)
 
@@ -362,7 +363,7 @@ class MessageAssembler:
         if self.max_bytes is not None and total > self.max_bytes:
             raise ResourceExhaustedError(f"{self.name}: the message has {total} bytes, over the limit of "
                                          f"{self.max_bytes} bytes (--max-request-bytes)",
-                                         reason="REQUEST_TOO_LARGE")
+                                         reason=Reason.REQUEST_TOO_LARGE)
         return self._allocate(total)
 
     def finish(self) -> memoryview:
@@ -371,7 +372,7 @@ class MessageAssembler:
         if self._filled != self._buffer.size:
             raise InvalidArgumentError(f"{self.name}: the stream ended after {self._filled} of the "
                                        f"{self._buffer.size} bytes its first frame announces",
-                                       reason="BUFFER_LENGTH")
+                                       reason=Reason.BUFFER_LENGTH)
         self._buffer.flags.writeable = False
         return self._buffer.data
 

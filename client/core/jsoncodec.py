@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 import numpy as np
+from .reasons import Reason
 
 try:
     import orjson
@@ -36,7 +37,7 @@ __all__ = ["tensor_to_json", "tensor_from_json", "array_to_json", "array_from_js
 _SPARSE_KEYS = ("indices", "compressed_indices")
 
 
-def _bad(message: str, reason: str = "BAD_JSON_TENSOR") -> InvalidArgumentError:
+def _bad(message: str, reason: str = Reason.BAD_JSON_TENSOR) -> InvalidArgumentError:
     return InvalidArgumentError(message, reason=reason)
 
 
@@ -184,7 +185,7 @@ def _int_list(obj: dict, key: str, name: str) -> list[int]:
         raise _bad(f"{name}.{key} must be a list of integers")
     for axis, d in enumerate(value):
         if not -(1 << 63) <= d < (1 << 63):
-            raise _bad(f"{name}.{key}[{axis}] = {d} does not fit in int64", reason="SHAPE_OVERFLOW")
+            raise _bad(f"{name}.{key}[{axis}] = {d} does not fit in int64", reason=Reason.SHAPE_OVERFLOW)
     return value
 
 
@@ -192,15 +193,15 @@ def _index_array(data: Any, dtype: np.dtype, name: str) -> np.ndarray:
     try:
         arr = np.asarray(data) if not (isinstance(data, list) and len(data) == 0) else np.zeros(0, dtype)
     except (ValueError, TypeError, OverflowError):  # ragged lists, say
-        raise _bad(f"{name} must be a rectangular list of integers", reason="INDEX_DTYPE") from None
+        raise _bad(f"{name} must be a rectangular list of integers", reason=Reason.INDEX_DTYPE) from None
     if arr.dtype.kind not in "iu" and arr.size:
-        raise _bad(f"{name} must hold integers", reason="INDEX_DTYPE")
+        raise _bad(f"{name} must hold integers", reason=Reason.INDEX_DTYPE)
     if arr.size and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
-        raise _bad(f"{name} holds an index beyond int64", reason="INDEX_OUT_OF_RANGE")
+        raise _bad(f"{name} holds an index beyond int64", reason=Reason.INDEX_OUT_OF_RANGE)
     try:
         return arr.astype(dtype, copy=False)
     except (ValueError, OverflowError) as exc:
-        raise _bad(f"{name}: {exc}", reason="INDEX_DTYPE") from None
+        raise _bad(f"{name}: {exc}", reason=Reason.INDEX_DTYPE) from None
 
 
 def tensor_from_json(obj: Any, name: str) -> SparseTensor | np.ndarray | HandleRef:
@@ -217,7 +218,7 @@ def tensor_from_json(obj: Any, name: str) -> SparseTensor | np.ndarray | HandleR
             arr = array_from_json(obj["data"], _dtype_of(obj, name), f"{name}.data")
             if arr.ndim != 1 or arr.size != int(np.prod(shape, dtype=object)):
                 raise _bad(f"{name}.data has {arr.size} elements but shape {shape} implies "
-                           f"{int(np.prod(shape, dtype=object))}", reason="BUFFER_LENGTH")
+                           f"{int(np.prod(shape, dtype=object))}", reason=Reason.BUFFER_LENGTH)
             return arr.reshape(shape)
         raise _bad(f"{name} is not a tensor: expected indices/values/dense_shape, "
                    "compressed_indices/plain_indices/values/dense_shape, shape/data, or handle")
@@ -240,7 +241,7 @@ def _info_from_json(obj: Any) -> TensorInfo | None:
 def _sparse_from_json(obj: dict, name: str) -> SparseTensor:
     layout = str(obj.get("layout") or ("coo" if "indices" in obj else "csr")).lower()
     if layout not in LAYOUTS:
-        raise _bad(f"{name}.layout = {layout!r} is not one of {', '.join(LAYOUTS)}", reason="BAD_LAYOUT")
+        raise _bad(f"{name}.layout = {layout!r} is not one of {', '.join(LAYOUTS)}", reason=Reason.BAD_LAYOUT)
     dense_shape = _int_list(obj, "dense_shape", name)
     if "values" not in obj:
         raise _bad(f"{name}.values is missing")
@@ -260,7 +261,7 @@ def _sparse_from_json(obj: dict, name: str) -> SparseTensor:
             raise _bad(f"{name}.{key} is missing for layout {layout}")
     index_dtype = np.dtype(obj.get("index_dtype") or "int64")
     if index_dtype not in (np.int32, np.int64):
-        raise _bad(f"{name}.index_dtype must be int32 or int64", reason="INDEX_DTYPE")
+        raise _bad(f"{name}.index_dtype must be int32 or int64", reason=Reason.INDEX_DTYPE)
     return SparseTensor(layout=layout,
                         compressed_indices=_index_array(obj["compressed_indices"], index_dtype,
                                                         f"{name}.compressed_indices"),

@@ -28,6 +28,7 @@ from .codec import _array_spec, _sparse_fields, _sparse_from_arrays, _view, _wir
 from .tensor import SparseTensor
 from .errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from ..v1 import sparseserve_pb2 as pb
+from .reasons import Reason
 
 __all__ = ["ALIGN", "SEGMENT_NAME", "Slot", "header_slots", "segment_bytes", "new_segment_name",
            "create_segment", "unlink_segment", "open_segment", "write_tensor", "read_slot", "read_tensor",
@@ -64,12 +65,12 @@ def header_slots(header: pb.Tensor, name: str = "tensor") -> list[Slot]:
         msgs = [("data", header.dense)]
     else:
         raise InvalidArgumentError(f"{name}: the header of a shared tensor must be a sparse or dense "
-                                   "tensor", reason="BAD_HEADER")
+                                   "tensor", reason=Reason.BAD_HEADER)
     slots, offset = [], 0
     for field, msg in msgs:
         if msg.data:
             raise InvalidArgumentError(f"{name}.{field}: a shared tensor's header carries no data "
-                                       "(the bytes are in the segment)", reason="BAD_HEADER")
+                                       "(the bytes are in the segment)", reason=Reason.BAD_HEADER)
         dtype, shape, nbytes = _array_spec(msg, f"{name}.{field}")
         offset = _aligned(offset)
         slots.append(Slot(field, dtype, shape, offset, nbytes))
@@ -147,14 +148,14 @@ def open_segment(name: str, missing: str, writable: bool = False) -> int:
     try:
         fd = shm_open("/" + name, os.O_RDWR if writable else os.O_RDONLY, 0)
     except FileNotFoundError:
-        raise NotFoundError(f"segment {name} does not exist ({missing})", reason="SEGMENT_NOT_FOUND") from None
+        raise NotFoundError(f"segment {name} does not exist ({missing})", reason=Reason.SEGMENT_NOT_FOUND) from None
     except OSError as exc:
         raise InvalidArgumentError(f"segment {name} cannot be opened: {exc.strerror} (shared memory needs "
                                    "the client and the server under one user, or root)",
-                                   reason="BAD_SEGMENT") from None
+                                   reason=Reason.BAD_SEGMENT) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise InvalidArgumentError(f"segment {name} is not a shared-memory object", reason="BAD_SEGMENT")
+        raise InvalidArgumentError(f"segment {name} is not a shared-memory object", reason=Reason.BAD_SEGMENT)
     return fd
 
 
@@ -168,7 +169,7 @@ def write_tensor(fd: int, slots: list[Slot], arrays: list[np.ndarray]) -> None:
                 done += os.pwritev(fd, [view[done:done + _IO_BYTES]], slot.offset + done)
             except OSError as exc:
                 raise ResourceExhaustedError(f"no room for a {segment_bytes(slots)}-byte shared-memory "
-                                             f"segment: {exc.strerror}", reason="SHARED_MEMORY_FULL") from None
+                                             f"segment: {exc.strerror}", reason=Reason.SHARED_MEMORY_FULL) from None
 
 
 def _read_range(fd: int, view: memoryview, offset: int, name: str, field: str) -> None:
@@ -177,7 +178,7 @@ def _read_range(fd: int, view: memoryview, offset: int, name: str, field: str) -
         got = os.preadv(fd, [view[done:done + _IO_BYTES]], offset + done)
         if got == 0:
             raise InvalidArgumentError(f"segment {name} shrank while being read: {field} is short of "
-                                       f"{len(view) - done} bytes", reason="BUFFER_LENGTH")
+                                       f"{len(view) - done} bytes", reason=Reason.BUFFER_LENGTH)
         done += got
 
 
@@ -224,5 +225,5 @@ def read_tensor(fd: int, header: pb.Tensor, segment: str, slots: list[Slot] | No
     if segment_bytes(slots) > size:
         raise InvalidArgumentError(
             f"{name}: the header announces {segment_bytes(slots)} bytes (arrays at {ALIGN}-byte "
-            f"aligned offsets) but segment {segment} has {size}", reason="BUFFER_LENGTH")
+            f"aligned offsets) but segment {segment} has {size}", reason=Reason.BUFFER_LENGTH)
     return tensor_from_slots(header, slots, [read_slot(fd, slot, segment) for slot in slots], name)

@@ -18,6 +18,7 @@ import numpy as np
 from .dtypes import INDEX_DTYPES, check_supported
 from .layouts import BLOCK_LAYOUTS, LAYOUTS
 from .errors import InvalidArgumentError
+from .reasons import Reason
 
 __all__ = ["check_shape", "check_sparse", "check_dense", "INT64_MAX"]
 
@@ -59,16 +60,16 @@ def check_shape(shape, name: str) -> tuple[int, ...]:
     shape = tuple(map(int, shape))
     if shape and min(shape) < 0:
         axis = next(i for i, dim in enumerate(shape) if dim < 0)
-        raise _fail(f"{name}[{axis}] = {shape[axis]} is negative", "NEGATIVE_DIMENSION")
+        raise _fail(f"{name}[{axis}] = {shape[axis]} is negative", Reason.NEGATIVE_DIMENSION)
     total = math.prod(shape)  # Python ints: exact
     if total > INT64_MAX:
         raise _fail(f"{name} = {list(shape)} has {total} elements, more than int64 can count",
-                    "SHAPE_OVERFLOW")
+                    Reason.SHAPE_OVERFLOW)
     # numpy sizes an array by its nonzero dimensions even when one is zero, and refuses shapes
     # whose bytes could not be counted: such an empty shape would fail inside an op instead.
     if total == 0 and math.prod(d for d in shape if d) > EMPTY_SHAPE_MAX:
         raise _fail(f"{name} = {list(shape)} is empty, but its other dimensions multiply to more than "
-                    f"{EMPTY_SHAPE_MAX} (2**59), past what an array can describe", "SHAPE_OVERFLOW")
+                    f"{EMPTY_SHAPE_MAX} (2**59), past what an array can describe", Reason.SHAPE_OVERFLOW)
     return shape
 
 
@@ -82,7 +83,7 @@ def check_array_shape(shape, name: str) -> tuple[int, ...]:
     than numpy allows."""
     if len(shape) > ARRAY_MAX_RANK:
         raise _fail(f"{name} has {len(shape)} dimensions, more than the {ARRAY_MAX_RANK} an array can have",
-                    "TOO_MANY_DIMENSIONS")
+                    Reason.TOO_MANY_DIMENSIONS)
     return check_shape(shape, name)
 
 
@@ -132,21 +133,21 @@ def _check_index_range(indices: np.ndarray, limits: np.ndarray, name: str, limit
     raise _fail(
         f"{name}[{', '.join(map(str, pos))}] = {int(indices[pos])} is out of range for "
         f"{limits_name}[{column}] = {int(limits[column])}",
-        "INDEX_OUT_OF_RANGE",
+        Reason.INDEX_OUT_OF_RANGE,
     )
 
 
 def _check_values_shape(values: np.ndarray, expected: tuple[int, ...], name: str, why: str):
     if tuple(values.shape) != expected:
         raise _fail(f"{name}.values has shape {list(values.shape)} but {why} imply {list(expected)}",
-                    "VALUES_SHAPE_MISMATCH")
+                    Reason.VALUES_SHAPE_MISMATCH)
 
 
 def check_sparse(t: T, name: str, in_range: InRange | None = None) -> T:
     """All SPEC section 2 invariants of a sparse tensor; raises ``InvalidArgumentError``.
     ``in_range``: a compiled check of COO index ranges (see ``InRange``)."""
     if t.layout not in LAYOUTS:
-        raise _fail(f"{name}.layout = {t.layout!r} is not one of {', '.join(LAYOUTS)}", "BAD_LAYOUT")
+        raise _fail(f"{name}.layout = {t.layout!r} is not one of {', '.join(LAYOUTS)}", Reason.BAD_LAYOUT)
     shape = check_shape(t.dense_shape, f"{name}.dense_shape")
     check_supported(t.values.dtype, f"{name}.values")
     if t.layout == "coo":
@@ -159,15 +160,15 @@ def check_sparse(t: T, name: str, in_range: InRange | None = None) -> T:
 def _check_coo(t: Sparse, shape: tuple[int, ...], name: str, in_range: InRange | None):
     idx = t.indices
     if idx.dtype != np.int64:
-        raise _fail(f"{name}.indices has dtype {idx.dtype}; COO indices are int64", "INDEX_DTYPE")
+        raise _fail(f"{name}.indices has dtype {idx.dtype}; COO indices are int64", Reason.INDEX_DTYPE)
     if idx.ndim != 2:
         raise _fail(f"{name}.indices has rank {idx.ndim}; COO indices are [nnz, sparse_ndim]",
-                    "INDICES_RANK")
+                    Reason.INDICES_RANK)
     nnz, sparse_ndim = idx.shape
     if not 1 <= sparse_ndim <= len(shape):
         raise _fail(
             f"{name}.indices has {sparse_ndim} columns but dense_shape has rank {len(shape)}; "
-            f"sparse_ndim must be between 1 and the rank", "RANK_MISMATCH")
+            f"sparse_ndim must be between 1 and the rank", Reason.RANK_MISMATCH)
     # Keys over the sparse dimensions are int64 even when a dense dimension of 0 makes the
     # whole tensor empty (otherwise they are: their product divides the whole's).
     if sparse_ndim < len(shape) and not math.prod(shape):
@@ -183,44 +184,44 @@ def _check_compressed(t: Sparse, shape: tuple[int, ...], name: str):
     for arr, field in ((ci, "compressed_indices"), (pi, "plain_indices")):
         if arr.dtype not in INDEX_DTYPES:
             raise _fail(f"{name}.{field} has dtype {arr.dtype}; index dtype must be int32 or int64",
-                        "INDEX_DTYPE")
+                        Reason.INDEX_DTYPE)
     if ci.dtype != pi.dtype:
         raise _fail(f"{name}.compressed_indices ({ci.dtype}) and plain_indices ({pi.dtype}) "
-                    "must share one index dtype", "INDEX_DTYPE")
+                    "must share one index dtype", Reason.INDEX_DTYPE)
     if ci.ndim < 1 or pi.ndim != ci.ndim:
         raise _fail(f"{name}.compressed_indices has rank {ci.ndim} and plain_indices rank {pi.ndim}; "
-                    "both are [*batch, n] with the same batch dimensions", "INDICES_RANK")
+                    "both are [*batch, n] with the same batch dimensions", Reason.INDICES_RANK)
     batch = tuple(ci.shape[:-1])
     if tuple(pi.shape[:-1]) != batch:
         raise _fail(f"{name}.plain_indices batch shape {list(pi.shape[:-1])} differs from "
-                    f"compressed_indices batch shape {list(batch)}", "BATCH_MISMATCH")
+                    f"compressed_indices batch shape {list(batch)}", Reason.BATCH_MISMATCH)
     nb = len(batch)
     if len(shape) < nb + 2:
         raise _fail(f"{name}.dense_shape has rank {len(shape)}; a {t.layout} tensor with {nb} batch "
-                    f"dimensions needs at least {nb + 2}", "RANK_MISMATCH")
+                    f"dimensions needs at least {nb + 2}", Reason.RANK_MISMATCH)
     if tuple(shape[:nb]) != batch:
         raise _fail(f"{name}.dense_shape[:{nb}] = {list(shape[:nb])} differs from the index batch "
-                    f"shape {list(batch)}", "BATCH_MISMATCH")
+                    f"shape {list(batch)}", Reason.BATCH_MISMATCH)
     rows, cols = shape[nb], shape[nb + 1]
     block: tuple[int, ...] = (1, 1)
     if t.layout in BLOCK_LAYOUTS:
         bs = t.blocksize
         if bs is None or len(bs) != 2 or min(bs) < 1:
             raise _fail(f"{name}.blocksize = {None if bs is None else list(bs)} must be two positive "
-                        f"integers for layout {t.layout}", "BLOCKSIZE")
+                        f"integers for layout {t.layout}", Reason.BLOCKSIZE)
         if rows % bs[0] or cols % bs[1]:
             raise _fail(f"{name}.blocksize = {list(bs)} does not divide the sparse dimensions "
-                        f"{[rows, cols]}", "BLOCKSIZE")
+                        f"{[rows, cols]}", Reason.BLOCKSIZE)
         block = tuple(bs)
     elif t.blocksize is not None:
-        raise _fail(f"{name}.blocksize is only allowed for bsr and bsc, not {t.layout}", "BLOCKSIZE")
+        raise _fail(f"{name}.blocksize is only allowed for bsr and bsc, not {t.layout}", Reason.BLOCKSIZE)
     row_major = t.layout in ("csr", "bsr")
     n_compressed = (rows // block[0]) if row_major else (cols // block[1])
     n_plain = (cols // block[1]) if row_major else (rows // block[0])
     if ci.shape[-1] != n_compressed + 1:
         raise _fail(f"{name}.compressed_indices has {ci.shape[-1]} entries per batch; "
                     f"{t.layout} of dense_shape {list(shape)} needs {n_compressed + 1}",
-                    "COMPRESSED_LENGTH")
+                    Reason.COMPRESSED_LENGTH)
     nse = pi.shape[-1]
     dense_dims = tuple(shape[nb + 2:])
     value_block = block if t.layout in BLOCK_LAYOUTS else ()
@@ -233,24 +234,24 @@ def _check_compressed(t: Sparse, shape: tuple[int, ...], name: str):
         if np.any(first != 0):
             pos = _first_bad(first != 0)
             raise _fail(f"{name}.compressed_indices[{', '.join(map(str, pos + (0,)))}] = "
-                        f"{int(first[pos])}; compressed indices start at 0", "COMPRESSED_START")
+                        f"{int(first[pos])}; compressed indices start at 0", Reason.COMPRESSED_START)
         steps = np.diff(ci64, axis=-1)
         if steps.size and np.any(steps < 0):
             pos = _first_bad(steps < 0)
             raise _fail(f"{name}.compressed_indices decreases at position "
                         f"[{', '.join(map(str, pos[:-1] + (pos[-1] + 1,)))}]; compressed indices "
-                        "never decrease", "COMPRESSED_DECREASING")
+                        "never decrease", Reason.COMPRESSED_DECREASING)
         if steps.size and np.any(steps > n_plain):
             pos = _first_bad(steps > n_plain)
             raise _fail(f"{name}.compressed_indices steps by {int(steps[pos])} at position "
                         f"[{', '.join(map(str, pos))}], more than the plain dimension {n_plain}",
-                        "COMPRESSED_STEP")
+                        Reason.COMPRESSED_STEP)
         last = ci64[..., -1]
         if np.any(last != nse):
             pos = _first_bad(last != nse)
             raise _fail(f"{name}.compressed_indices ends at {int(last[pos])} but nse = {nse}; "
-                        "compressed indices end at nse", "COMPRESSED_END")
+                        "compressed indices end at nse", Reason.COMPRESSED_END)
     if pi.size and (int(pi.min()) < 0 or int(pi.max()) >= n_plain):
         pos = _first_bad((pi < 0) | (pi >= n_plain))
         raise _fail(f"{name}.plain_indices[{', '.join(map(str, pos))}] = {int(pi[pos])} is out of "
-                    f"range for the plain dimension {n_plain}", "INDEX_OUT_OF_RANGE")
+                    f"range for the plain dimension {n_plain}", Reason.INDEX_OUT_OF_RANGE)

@@ -9,6 +9,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor, coo_tensor
 from sparseserve.core.errors import InvalidArgumentError
+from sparseserve.core.reasons import Reason
 
 
 def cast_scalar(value: Any, dtype: np.dtype, name: str) -> Any:
@@ -23,7 +24,7 @@ def cast_scalar(value: Any, dtype: np.dtype, name: str) -> Any:
     same = back == value or (np.isnan(value) if isinstance(value, (float, np.floating)) else False)
     if cast is None or not bool(same):
         raise InvalidArgumentError(f"{name} = {value!r} cannot be represented as {dtype.name}",
-                                   reason="SCALAR_DTYPE")
+                                   reason=Reason.SCALAR_DTYPE)
     return cast
 
 
@@ -40,6 +41,6 @@ def check_ordered(indices: np.ndarray, dense_shape, name: str, remedy: str) -> N
         return
     index = indices[position].tolist()
     if repeated:
-        raise InvalidArgumentError(f"{name}[{position}] = {index} is repeated", reason="INDICES_REPEATED")
+        raise InvalidArgumentError(f"{name}[{position}] = {index} is repeated", reason=Reason.INDICES_REPEATED)
     raise InvalidArgumentError(f"{name}[{position}] = {index} is out of order; {remedy} or pass "
-                               "validate_indices=false", reason="INDICES_UNSORTED")
+                               "validate_indices=false", reason=Reason.INDICES_UNSORTED)

@@ -21,6 +21,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import aggregate as agk
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import linalg as lk
@@ -45,35 +46,35 @@ def _check_product(op: str, mat1: SparseTensor, mat2: np.ndarray, *, reduce: str
     """(m, n, k) of mat1 [m, n] @ mat2 [n, k], or the error naming the argument and the rule."""
     if reduce not in REDUCES:
         raise InvalidArgumentError(f"reduce = {reduce!r} is not one of {', '.join(REDUCES)}",
-                                   reason="BAD_REDUCE")
+                                   reason=Reason.BAD_REDUCE)
     if mat1.dense_ndim:
         raise UnimplementedError(f"{op} does not support hybrid tensors: mat1 has {mat1.dense_ndim} dense "
-                                 "dimensions; convert it with dense_dim=0 first", reason="UNSUPPORTED_HYBRID")
+                                 "dimensions; convert it with dense_dim=0 first", reason=Reason.UNSUPPORTED_HYBRID)
     if mat1.ndim != 2:
         raise InvalidArgumentError(f"mat1 has shape {_shape(mat1)}; {op} needs a sparse matrix (rank 2)",
-                                   reason="RANK")
+                                   reason=Reason.RANK)
     if mat2.ndim != 2:
         raise InvalidArgumentError(f"mat2 has shape {_shape(mat2)}; {op} needs a dense matrix (rank 2)",
-                                   reason="RANK")
+                                   reason=Reason.RANK)
     m, n = (int(d) for d in mat1.dense_shape)
     if mat2.shape[0] != n:
         raise InvalidArgumentError(f"mat1 has shape {[m, n]} and mat2 has shape {_shape(mat2)}: mat2 must have "
-                                   f"{n} rows (mat1's columns)", reason="SHAPE_MISMATCH")
+                                   f"{n} rows (mat1's columns)", reason=Reason.SHAPE_MISMATCH)
     _check_dtype(op, mat1, "mat1", mat2, "mat2")
     if reduce != "sum" and mat1.dtype.name not in REDUCE_DTYPES:
         raise UnimplementedError(f"{op} with reduce = {reduce!r} takes {', '.join(REDUCE_DTYPES)} values (as "
                                  f"PyTorch), not {mat1.dtype}; reduce = 'sum' takes every number dtype",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
     return m, n, int(mat2.shape[1])
 
 
 def _check_dtype(op: str, x, x_name: str, y, y_name: str) -> None:
     if x.dtype != y.dtype:
         raise InvalidArgumentError(f"{x_name} has dtype {x.dtype} and {y_name} has dtype {y.dtype}; {op} needs "
-                                   "one dtype (cast one of them)", reason="DTYPE_MISMATCH")
+                                   "one dtype (cast one of them)", reason=Reason.DTYPE_MISMATCH)
     if x.dtype == np.bool_:
         raise UnimplementedError(f"{op} does not support bool; cast the values to a number type",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
 
 
 def _dense_bytes(mat1, mat2, **_) -> int:
@@ -184,7 +185,7 @@ def _check_input(input: np.ndarray, m: int, k: int) -> None:
     ok = len(shape) <= 2 and all(d in (1, want) for d, want in zip(shape[::-1], (k, m)))
     if not ok:
         raise InvalidArgumentError(f"input has shape {list(shape)}, which does not broadcast to the product's "
-                                   f"shape {[m, k]}", reason="SHAPE_MISMATCH")
+                                   f"shape {[m, k]}", reason=Reason.SHAPE_MISMATCH)
 
 
 @REGISTRY.op(

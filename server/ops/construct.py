@@ -29,6 +29,7 @@ from sparseserve.core.dtypes import dtype_from_name
 from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.core.validate import INT64_MAX, check_shape
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 
 from ..argtypes import DENSE, INT, INT_LIST, OPTIONAL_INT, SPARSE, STRING
 from ..registry import REGISTRY, Arg, Output
@@ -83,7 +84,7 @@ def _axis(axis: int, rank: int, name: str, what: str) -> int:
     """``axis`` in [-rank, rank) made non-negative, else INVALID_ARGUMENT."""
     if not -rank <= axis < rank:
         raise InvalidArgumentError(f"{name} = {axis} is out of range [{-rank}, {rank}) for {what}",
-                                   reason="AXIS_OUT_OF_RANGE")
+                                   reason=Reason.AXIS_OUT_OF_RANGE)
     return axis + rank if axis < 0 else axis
 
 
@@ -96,7 +97,7 @@ def _split_plan(sp_input: SparseTensor, num_split: int, axis: int) -> tuple[int,
     if not 1 <= num_split <= dim:
         raise InvalidArgumentError(
             f"num_split = {num_split} must be between 1 and the size of the split dimension, "
-            f"dense_shape[{axis}] = {dim}", reason="BAD_NUM_SPLIT")
+            f"dense_shape[{axis}] = {dim}", reason=Reason.BAD_NUM_SPLIT)
     size, extra = divmod(dim, num_split)
     return axis, [size + 1 if i < extra else size for i in range(num_split)]
 
@@ -165,7 +166,7 @@ def _expand_axis(sp_input: SparseTensor, axis: int) -> int:
     rank = sp_input.ndim
     if not -(rank + 1) <= axis <= rank:
         raise InvalidArgumentError(f"axis = {axis} is out of range [{-(rank + 1)}, {rank}] for sp_input "
-                                   f"of rank {rank}", reason="AXIS_OUT_OF_RANGE")
+                                   f"of rank {rank}", reason=Reason.AXIS_OUT_OF_RANGE)
     return axis + rank + 1 if axis < 0 else axis
 
 
@@ -207,7 +208,7 @@ def _eye_plan(num_rows: int, num_columns: int | None, dtype: str) -> tuple[int, 
     cols = num_rows if num_columns is None else num_columns
     for name, value in (("num_rows", num_rows), ("num_columns", cols)):
         if value < 0:
-            raise InvalidArgumentError(f"{name} = {value} is negative", reason="NEGATIVE_DIMENSION")
+            raise InvalidArgumentError(f"{name} = {value} is negative", reason=Reason.NEGATIVE_DIMENSION)
     check_shape((num_rows, cols), "[num_rows, num_columns]")
     return num_rows, cols, dt
 
@@ -247,22 +248,22 @@ def _reset_shape_plan(sp_input: SparseTensor, new_shape: list[int] | None) -> tu
     if len(new_shape) != len(old):
         raise InvalidArgumentError(
             f"new_shape = {list(new_shape)} has {len(new_shape)} dimensions but sp_input has rank "
-            f"{len(old)}", reason="RANK_MISMATCH")
+            f"{len(old)}", reason=Reason.RANK_MISMATCH)
     for d, value in enumerate(new_shape):
         if value > INT64_MAX:
-            raise InvalidArgumentError(f"new_shape[{d}] = {value} does not fit int64", reason="SHAPE_OVERFLOW")
+            raise InvalidArgumentError(f"new_shape[{d}] = {value} does not fit int64", reason=Reason.SHAPE_OVERFLOW)
     shape = check_shape(new_shape, "new_shape")
     for d, (new, was) in enumerate(zip(shape, old)):
         if new < was:
             raise InvalidArgumentError(
                 f"new_shape[{d}] = {new} is smaller than sp_input.dense_shape[{d}] = {was}; new_shape "
-                "may only grow the shape (pass no new_shape for the tightest one)", reason="SHAPE_TOO_SMALL")
+                "may only grow the shape (pass no new_shape for the tightest one)", reason=Reason.SHAPE_TOO_SMALL)
     s = _coo_sparse_ndim(sp_input)
     if shape[s:] != old[s:]:
         raise InvalidArgumentError(
             f"new_shape = {list(shape)} changes the dense dimensions {list(old[s:])} of the hybrid "
             f"sp_input (dense_shape {list(old)}); only its {s} sparse dimensions may grow",
-            reason="DENSE_DIMS_CHANGED")
+            reason=Reason.DENSE_DIMS_CHANGED)
     return shape
 
 
@@ -308,34 +309,34 @@ def _spdiags_plan(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], 
     if layout not in _SPDIAGS_LAYOUTS:
         if layout in ("bsr", "bsc"):
             raise UnimplementedError(f"spdiags answers in layout coo, csr or csc, not {layout} (as "
-                                     "torch.sparse.spdiags)", reason="UNSUPPORTED_LAYOUT")
+                                     "torch.sparse.spdiags)", reason=Reason.UNSUPPORTED_LAYOUT)
         raise InvalidArgumentError(f"layout = {layout!r} must be null, 'coo', 'csr' or 'csc'",
-                                   reason="BAD_LAYOUT")
+                                   reason=Reason.BAD_LAYOUT)
     if diagonals.ndim not in (1, 2):
         raise InvalidArgumentError(f"diagonals must be a vector or a matrix, not of rank {diagonals.ndim}",
-                                   reason="BAD_DIAGONALS")
+                                   reason=Reason.BAD_DIAGONALS)
     if offsets.ndim > 1:
         raise InvalidArgumentError(f"offsets must be a scalar or a vector, not of rank {offsets.ndim}",
-                                   reason="BAD_OFFSETS")
+                                   reason=Reason.BAD_OFFSETS)
     if offsets.dtype.kind not in "iu":
         raise InvalidArgumentError(f"offsets must hold integers, not {offsets.dtype.name}",
-                                   reason="BAD_OFFSETS")
+                                   reason=Reason.BAD_OFFSETS)
     if offsets.dtype == np.uint64 and offsets.size and int(offsets.max()) > INT64_MAX:
-        raise InvalidArgumentError("offsets must fit int64", reason="BAD_OFFSETS")
+        raise InvalidArgumentError("offsets must fit int64", reason=Reason.BAD_OFFSETS)
     if len(shape) != 2:
         raise InvalidArgumentError(f"shape = {list(shape)} must have 2 entries: spdiags makes a matrix",
-                                   reason="RANK_MISMATCH")
+                                   reason=Reason.RANK_MISMATCH)
     rows, cols = check_shape(shape, "shape")
     diagonals = diagonals.reshape(1, -1) if diagonals.ndim == 1 else diagonals
     offsets = offsets.reshape(-1).astype(np.int64)
     if diagonals.shape[0] != offsets.size:
         raise InvalidArgumentError(
             f"diagonals holds {diagonals.shape[0]} diagonals (rows) but offsets has {offsets.size} entries",
-            reason="SIZE_MISMATCH")
+            reason=Reason.SIZE_MISMATCH)
     unique, counts = np.unique(offsets, return_counts=True)
     if np.any(counts > 1):
         raise InvalidArgumentError(f"offsets repeats {int(unique[np.argmax(counts > 1)])}; each diagonal "
-                                   "may be given once", reason="DUPLICATE_OFFSETS")
+                                   "may be given once", reason=Reason.DUPLICATE_OFFSETS)
     # Diagonal k's element j (a column) lands at [j - k, j]: columns from max(k, 0), rows from
     # max(-k, 0), as many as the matrix and the row of diagonals hold (none past either).
     # Offsets are clipped to [-rows, cols] first (past those a diagonal is empty either way),

@@ -6,6 +6,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError
+from sparseserve.core.reasons import Reason
 from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 
@@ -30,9 +31,9 @@ def _canonical_or_raise(t: SparseTensor, remedy: str) -> bool:
     where = f"sp_input.plain_indices[{', '.join(map(str, position))}] = {int(t.plain_indices[position])}"
     segment = "row" if t.layout in ("csr", "bsr") else "column"
     if repeated:
-        raise InvalidArgumentError(f"{where} is repeated in its {segment}", reason="INDICES_REPEATED")
+        raise InvalidArgumentError(f"{where} is repeated in its {segment}", reason=Reason.INDICES_REPEATED)
     raise InvalidArgumentError(f"{where} is out of order in its {segment}; {remedy} or pass "
-                               "validate_indices=false", reason="INDICES_UNSORTED")
+                               "validate_indices=false", reason=Reason.INDICES_UNSORTED)
 
 
 @REGISTRY.op(
@@ -86,7 +87,7 @@ def coalesce(sp_input: SparseTensor) -> SparseTensor:
         try:
             return like(coalesced_coo(sp_input), sp_input)
         except BatchNseError as exc:
-            raise InvalidArgumentError(f"coalesce of sp_input: {exc}", reason="BATCH_NSE_MISMATCH") from None
+            raise InvalidArgumentError(f"coalesce of sp_input: {exc}", reason=Reason.BATCH_NSE_MISMATCH) from None
     indices, values = kernels.coalesce(sp_input.indices, sp_input.values, sp_input.dense_shape)
     return coo(indices, values, sp_input, coalesced=True)
 
@@ -174,16 +175,16 @@ def from_dense(tensor: np.ndarray, sparse_dim: int | None = None) -> SparseTenso
     sparse_dim = tensor.ndim if sparse_dim is None else sparse_dim
     if tensor.ndim < 1:
         raise InvalidArgumentError("tensor must have rank at least 1 to become sparse",
-                                   reason="RANK_TOO_LOW")
+                                   reason=Reason.RANK_TOO_LOW)
     if not 1 <= sparse_dim <= tensor.ndim:
         raise InvalidArgumentError(f"sparse_dim = {sparse_dim} must be between 1 and the rank "
-                                   f"{tensor.ndim} of tensor", reason="AXIS_OUT_OF_RANGE")
+                                   f"{tensor.ndim} of tensor", reason=Reason.AXIS_OUT_OF_RANGE)
     indices, values = kernels.from_dense(tensor, sparse_dim)
     return SparseTensor(indices=indices, values=values, dense_shape=tensor.shape, coalesced=True)
 
 
 # ----------------------------------------------------------- partitioned tensors
 # Blocks hold disjoint row ranges in row order, so row-major order and duplicates never cross one.
-REGISTRY.partitioned("reorder", Rowwise("sp_input", probe=True))
-REGISTRY.partitioned("coalesce", Rowwise("sp_input", probe=True))
+REGISTRY.partitioned("reorder", Rowwise("sp_input"))
+REGISTRY.partitioned("coalesce", Rowwise("sp_input"))
 REGISTRY.partitioned("to_dense", Rowwise("sp_input"))

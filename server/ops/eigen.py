@@ -24,6 +24,7 @@ import numpy as np
 
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import linalg as lk
 from sparseserve.kernels import solvers as sk
 
@@ -50,7 +51,7 @@ def _scipy(op: str):
         import scipy.sparse.linalg
     except ImportError:
         raise UnimplementedError(f"{op} needs scipy on the server (pip install scipy)",
-                                 reason="MISSING_DEPENDENCY") from None
+                                 reason=Reason.MISSING_DEPENDENCY) from None
     return scipy.sparse, scipy.sparse.linalg
 
 
@@ -63,15 +64,15 @@ def _matrix(a: SparseTensor, name: str, op: str, square: bool = True) -> sp.csr_
     sp, _ = _scipy(op)
     if a.dense_ndim or a.batch_ndim or a.ndim != 2:
         raise _bad(f"{name} has shape {list(a.dense_shape)} ({a.layout}); {op} needs one 2-D sparse matrix "
-                   "(no batch or dense dimensions)", "RANK")
+                   "(no batch or dense dimensions)", Reason.RANK)
     if a.dtype.name not in DTYPES:
         raise _bad(f"{name} has dtype {a.dtype}; {op} takes {', '.join(DTYPES)} (cast it first)",
-                   "UNSUPPORTED_DTYPE")
+                   Reason.UNSUPPORTED_DTYPE)
     m, n = (int(d) for d in a.dense_shape)
     if square and m != n:
-        raise _bad(f"{name} has shape [{m}, {n}]; {op} needs a square matrix", "NOT_SQUARE")
+        raise _bad(f"{name} has shape [{m}, {n}]; {op} needs a square matrix", Reason.NOT_SQUARE)
     if m == 0 or n == 0:
-        raise _bad(f"{name} has shape [{m}, {n}]; {op} needs a non-empty matrix", "EMPTY")
+        raise _bad(f"{name} has shape [{m}, {n}]; {op} needs a non-empty matrix", Reason.EMPTY)
     if a.layout in ("csr", "csc"):  # read as they are: a COO round trip costs more than the check below
         arrays = (a.values, a.plain_indices, a.compressed_indices)
         csr = sp.csr_array(arrays, shape=(m, n)) if a.layout == "csr" else sp.csc_array(arrays, shape=(m, n)).tocsr()
@@ -79,7 +80,7 @@ def _matrix(a: SparseTensor, name: str, op: str, square: bool = True) -> sp.csr_
         coo = as_coo(a)
         csr = sp.csr_array((coo.values, (coo.indices[:, 0], coo.indices[:, 1])), shape=(m, n))
     if not np.isfinite(csr.data).all():
-        raise _bad(f"{name} holds nan or inf; {op} needs finite values", "NOT_FINITE")
+        raise _bad(f"{name} holds nan or inf; {op} needs finite values", Reason.NOT_FINITE)
     if not csr.has_canonical_format:  # duplicates summed, columns sorted: on a copy, as a held tensor is shared
         csr = csr.copy()
         csr.sum_duplicates()
@@ -89,27 +90,27 @@ def _matrix(a: SparseTensor, name: str, op: str, square: bool = True) -> sp.csr_
 def _rhs(b: np.ndarray, n: int, dtype: np.dtype, op: str) -> np.ndarray:
     """``b`` a finite vector [n] or block [n, k] of ``dtype``."""
     if not isinstance(b, np.ndarray):
-        raise _bad(f"b is a sparse tensor; {op} needs a dense vector [n] or block [n, k]", "NOT_DENSE")
+        raise _bad(f"b is a sparse tensor; {op} needs a dense vector [n] or block [n, k]", Reason.NOT_DENSE)
     if b.ndim not in (1, 2) or b.shape[0] != n:
         raise _bad(f"b has shape {list(b.shape)}; {op} needs [{n}] or [{n}, k] to match the matrix's {n} rows",
-                   "SHAPE_MISMATCH")
+                   Reason.SHAPE_MISMATCH)
     if b.dtype != dtype:
         raise _bad(f"b has dtype {b.dtype} and the matrix {dtype}; {op} needs one dtype (cast b)",
-                   "DTYPE_MISMATCH")
+                   Reason.DTYPE_MISMATCH)
     if not np.isfinite(b).all():
-        raise _bad(f"b holds nan or inf; {op} needs finite values", "NOT_FINITE")
+        raise _bad(f"b holds nan or inf; {op} needs finite values", Reason.NOT_FINITE)
     return b
 
 
 def _which(which: str, allowed: tuple[str, ...], op: str) -> str:
     if which not in allowed:
-        raise _bad(f"which is {which!r}; {op} takes one of {', '.join(allowed)}", "BAD_WHICH")
+        raise _bad(f"which is {which!r}; {op} takes one of {', '.join(allowed)}", Reason.BAD_WHICH)
     return which
 
 
 def _k(k: int, below: int, what: str, op: str) -> int:
     if not 1 <= k < below:
-        raise _bad(f"k is {k}; {op} needs 1 <= k < {what} ({below}) for ARPACK", "K_OUT_OF_RANGE")
+        raise _bad(f"k is {k}; {op} needs 1 <= k < {what} ({below}) for ARPACK", Reason.K_OUT_OF_RANGE)
     return k
 
 
@@ -122,7 +123,7 @@ def _check_hermitian(a: sp.csr_array, op: str) -> None:
     if worst > 64 * np.finfo(a.dtype).eps * scale:
         kind = "Hermitian" if a.dtype.kind == "c" else "symmetric"
         raise _bad(f"a is not {kind} (|a - a^H| reaches {worst:.3g}); {op} needs a {kind} matrix "
-                   "(svds works on any matrix)", "NOT_HERMITIAN")
+                   "(svds works on any matrix)", Reason.NOT_HERMITIAN)
 
 
 def start_vector(n: int, dtype: np.dtype) -> np.ndarray:
@@ -137,7 +138,7 @@ def start_vector(n: int, dtype: np.dtype) -> np.ndarray:
 
 def _singular(name: str, op: str) -> InvalidArgumentError:
     return _bad(f"{name} is singular (SuperLU found an exactly zero pivot); {op} needs an invertible matrix",
-                "SINGULAR")
+                Reason.SINGULAR)
 
 
 # ------------------------------------------------------------------ the operator
@@ -218,9 +219,9 @@ def eigsh(a: SparseTensor, k: int = 6, which: str = "LM", sigma: float | None = 
     _k(k, n, "n, the matrix's order", "eigsh")
     _which(which, EIGSH_WHICH, "eigsh")
     if sigma is not None and not math.isfinite(sigma):
-        raise _bad(f"sigma is {sigma}; eigsh needs a finite shift", "NOT_FINITE")
+        raise _bad(f"sigma is {sigma}; eigsh needs a finite shift", Reason.NOT_FINITE)
     if not (math.isfinite(tol) and tol >= 0):
-        raise _bad(f"tol is {tol}; eigsh needs a finite tol >= 0", "BAD_TOL")
+        raise _bad(f"tol is {tol}; eigsh needs a finite tol >= 0", Reason.BAD_TOL)
     _check_hermitian(matrix, "eigsh")
     operator = SpmvOperator(matrix, "eigsh")
     extra: dict[str, Any] = {}
@@ -231,7 +232,7 @@ def eigsh(a: SparseTensor, k: int = 6, which: str = "LM", sigma: float | None = 
             lu = sla.splu(shifted)
         except RuntimeError:
             raise _bad(f"a - sigma I is singular for sigma = {sigma}; choose a shift that is not an eigenvalue",
-                       "SINGULAR") from None
+                       Reason.SINGULAR) from None
         extra = {"sigma": sigma, "OPinv": sla.LinearOperator(matrix.shape, _checked(lu.solve, operator),
                                                              dtype=matrix.dtype)}
     w, v = sla.eigsh(operator.linear_operator(), k=k, which=which, tol=tol, v0=start_vector(n, matrix.dtype),
@@ -318,27 +319,27 @@ def _factor(factor: list[Any]) -> tuple[sp.csr_array, sp.csr_array, np.ndarray, 
     """factorize's four tensors, checked: two triangular CSR matrices of one order and two permutations."""
     if len(factor) != 4:
         raise _bad(f"factor has {len(factor)} tensors; solve needs factorize's four [L, U, perm_r, perm_c]",
-                   "BAD_FACTOR")
+                   Reason.BAD_FACTOR)
     lower, upper, perm_r, perm_c = factor
     if not (isinstance(lower, SparseTensor) and isinstance(upper, SparseTensor)):
-        raise _bad("factor[0] and factor[1] must be factorize's sparse L and U", "BAD_FACTOR")
+        raise _bad("factor[0] and factor[1] must be factorize's sparse L and U", Reason.BAD_FACTOR)
     L, U = _matrix(lower, "factor[0]", "solve"), _matrix(upper, "factor[1]", "solve")
     n = L.shape[0]
     if U.shape != L.shape or U.dtype != L.dtype:
         raise _bad(f"factor[1] is {list(U.shape)} {U.dtype} and factor[0] {list(L.shape)} {L.dtype}; "
-                   "solve needs factorize's L and U of one order and dtype", "BAD_FACTOR")
+                   "solve needs factorize's L and U of one order and dtype", Reason.BAD_FACTOR)
     for i, (m, lower) in enumerate(((L, True), (U, False))):
         m.indptr, m.indices = m.indptr.astype(np.int64, copy=False), m.indices.astype(np.int64, copy=False)
         row = sk.misplaced_row(m.indptr, m.indices, lower)
         if row >= 0:
             raise _bad(f"factor[{i}] is not {'lower' if lower else 'upper'} triangular (row {row}); solve needs "
-                       f"factorize's {'L' if lower else 'U'}", "BAD_FACTOR")
+                       f"factorize's {'L' if lower else 'U'}", Reason.BAD_FACTOR)
     perms = []
     for i, perm in ((2, perm_r), (3, perm_c)):
         if not (isinstance(perm, np.ndarray) and perm.ndim == 1 and perm.dtype.kind in "iu"
                 and perm.size == n and np.array_equal(np.sort(perm), np.arange(n))):
             raise _bad(f"factor[{i}] must be a permutation of range({n}) (factorize's perm_"
-                       f"{'r' if i == 2 else 'c'})", "BAD_FACTOR")
+                       f"{'r' if i == 2 else 'c'})", Reason.BAD_FACTOR)
         perms.append(perm.astype(np.intp))
     return L, U, perms[0], perms[1]
 
@@ -363,5 +364,6 @@ def solve(factor: list[Any], b: np.ndarray) -> np.ndarray:
         sk.unit_lower_solve(L.indptr, L.indices, L.data, column)
         row = sk.upper_solve(U.indptr, U.indices, U.data, column)
         if row >= 0:
-            raise _bad(f"factor[1] has a zero on its diagonal (row {row}); solve needs factorize's U", "BAD_FACTOR")
+            raise _bad(f"factor[1] has a zero on its diagonal (row {row}); solve needs factorize's U",
+                       Reason.BAD_FACTOR)
     return np.ascontiguousarray(y[:, perm_c].T.reshape(rhs.shape))

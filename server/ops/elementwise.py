@@ -18,6 +18,7 @@ import numpy as np
 from sparseserve import kernels
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import elementwise as ek
 
@@ -64,7 +65,7 @@ def with_values(sp_input: SparseTensor, new_values: np.ndarray) -> SparseTensor:
     if tuple(new_values.shape) != want:
         raise InvalidArgumentError(
             f"new_values has shape {_shape(new_values.shape)}, but sp_input.values has shape "
-            f"{_shape(want)}; they must be equal", reason="VALUES_SHAPE_MISMATCH")
+            f"{_shape(want)}; they must be equal", reason=Reason.VALUES_SHAPE_MISMATCH)
     return _same_structure(sp_input, np.array(new_values, copy=True))
 
 
@@ -99,22 +100,22 @@ batch must keep the same number of entries (INVALID_ARGUMENT, BATCH_NSE_MISMATCH
 def retain(sp_input: SparseTensor, to_retain: np.ndarray) -> SparseTensor:
     if to_retain.dtype != np.bool_:
         raise InvalidArgumentError(f"to_retain has dtype {to_retain.dtype}; it must be bool",
-                                   reason="BAD_DTYPE")
+                                   reason=Reason.BAD_DTYPE)
     if sp_input.layout != "coo":
         want = tuple(sp_input.values.shape[:sp_input.batch_ndim + 1])
         if tuple(to_retain.shape) != want:
             raise InvalidArgumentError(
                 f"to_retain has shape {_shape(to_retain.shape)}; it must be {_shape(want)}, one flag per "
-                f"stored entry of sp_input ({sp_input.layout}: [*batch, nse])", reason="SHAPE_MISMATCH")
+                f"stored entry of sp_input ({sp_input.layout}: [*batch, nse])", reason=Reason.SHAPE_MISMATCH)
         try:
             return keep_entries(sp_input, to_retain)
         except BatchNseError as exc:
             raise InvalidArgumentError(f"retain: to_retain keeps a different number of entries in "
-                                       f"the batches of sp_input: {exc}", reason="BATCH_NSE_MISMATCH") from None
+                                       f"the batches of sp_input: {exc}", reason=Reason.BATCH_NSE_MISMATCH) from None
     if to_retain.ndim != 1 or to_retain.shape[0] != sp_input.nnz:
         raise InvalidArgumentError(
             f"to_retain has shape {_shape(to_retain.shape)}; it must be [{sp_input.nnz}], one flag per "
-            "entry of sp_input", reason="SHAPE_MISMATCH")
+            "entry of sp_input", reason=Reason.SHAPE_MISMATCH)
     keep = np.flatnonzero(to_retain)
     return SparseTensor(indices=sp_input.indices[keep], values=sp_input.values[keep],
                         dense_shape=sp_input.dense_shape, coalesced=sp_input.coalesced)
@@ -130,7 +131,7 @@ def _check_broadcast(sp_input: SparseTensor, dense: np.ndarray) -> None:
         raise InvalidArgumentError(
             f"dense has shape {_shape(dense.shape)}, which does not broadcast to sp_input.dense_shape "
             f"{list(shape)} (only the dense side is broadcast; a 1 does not broadcast to a 0)",
-            reason="SHAPE_MISMATCH")
+            reason=Reason.SHAPE_MISMATCH)
 
 
 def _cwise(sp_input: SparseTensor, dense: np.ndarray, indices: np.ndarray):
@@ -186,7 +187,7 @@ def div(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
     dtype = np.result_type(sp_input.dtype, dense.dtype)
     if dtype == np.bool_:
         raise UnimplementedError("div does not support bool / bool; cast the values to a number type",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
     indices, values = entry_indices(sp_input), entry_values(sp_input)
     dtype, operand = _cwise(sp_input, dense, indices)
     pos = ek.first_zero(operand, values.shape)  # every dtype, as TensorFlow's SparseDenseCwiseDiv
@@ -197,7 +198,7 @@ def div(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
                  f"element {entry} of sp_input.values in storage order, at {indices[entry].tolist()}")
         raise InvalidArgumentError(
             f"division by zero: dense (broadcast to sp_input.dense_shape) is 0 at {index} (stored entry "
-            f"{where})", reason="DIVISION_BY_ZERO")
+            f"{where})", reason=Reason.DIVISION_BY_ZERO)
     return _same_structure(sp_input, ek.divide(values, operand, dtype))
 
 
@@ -322,16 +323,16 @@ def add(a, b, threshold: float = 0.0):
     a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
     if not a_sparse and not b_sparse:
         raise UnimplementedError("add needs at least one sparse operand; for dense + dense use a "
-                                 "dense library", reason="UNSUPPORTED_LAYOUT")
+                                 "dense library", reason=Reason.UNSUPPORTED_LAYOUT)
     if math.isnan(threshold) or threshold < 0:
         raise InvalidArgumentError(f"threshold = {threshold} must be a non-negative magnitude",
-                                   reason="VALUE_OUT_OF_RANGE")
+                                   reason=Reason.VALUE_OUT_OF_RANGE)
     a_shape = list(a.dense_shape) if a_sparse else _shape(a.shape)
     b_shape = list(b.dense_shape) if b_sparse else _shape(b.shape)
     if a_shape != b_shape:
         raise InvalidArgumentError(
             f"a has shape {a_shape} and b has shape {b_shape}; add needs equal shapes "
-            "(no broadcasting)", reason="SHAPE_MISMATCH")
+            "(no broadcasting)", reason=Reason.SHAPE_MISMATCH)
     dtype = np.result_type(a.dtype, b.dtype)
     if a_sparse and b_sparse:
         if a.layout != b.layout or tuple(a.blocksize or ()) != tuple(b.blocksize or ()):
@@ -340,12 +341,12 @@ def add(a, b, threshold: float = 0.0):
             raise UnimplementedError(
                 f"add does not support a {' + '.join(sorted(what))} sum: a is {a.layout} and b is "
                 f"{b.layout}; sparse operands must share one layout (and blocksize)",
-                reason="UNSUPPORTED_LAYOUT")
+                reason=Reason.UNSUPPORTED_LAYOUT)
         s_a, s_b = view_sparse_ndim(a), view_sparse_ndim(b)
         if s_a != s_b:
             raise InvalidArgumentError(
                 f"a has {s_a} sparse dimensions and b has {s_b}; they must be "
-                "equal", reason="SPARSE_DIM_MISMATCH")
+                "equal", reason=Reason.SPARSE_DIM_MISMATCH)
         va, vb = coo_view(a), coo_view(b)
         indices, values = _sparse_add(va, vb, dtype, threshold)
         out = SparseTensor(indices=indices, values=values, dense_shape=a.dense_shape,
@@ -357,7 +358,7 @@ def add(a, b, threshold: float = 0.0):
             return like(out, ref)
         except BatchNseError as exc:
             raise InvalidArgumentError(f"add: the sum of a and b cannot be {a.layout}: {exc}",
-                                       reason="BATCH_NSE_MISMATCH") from None
+                                       reason=Reason.BATCH_NSE_MISMATCH) from None
     sp, dense = (a, b) if a_sparse else (b, a)
     sp = coo_view(sp)
     return ek.add_dense(sp.indices, sp.values, sp.dense_shape, dense, dtype)
@@ -517,16 +518,16 @@ def _check_exponent(name: str, exponent) -> None:
     if name != "pow":
         if exponent is not None:
             raise InvalidArgumentError(f"exponent is only for fn = 'pow', not {name!r}",
-                                       reason="UNEXPECTED_ARGUMENT")
+                                       reason=Reason.UNEXPECTED_ARGUMENT)
         return
     if exponent is None:
         raise InvalidArgumentError("map_values(pow) needs exponent, a positive number",
-                                   reason="MISSING_ARGUMENT")
+                                   reason=Reason.MISSING_ARGUMENT)
     if not exponent > 0:  # NaN too
         raise InvalidArgumentError(
             f"exponent = {exponent} must be positive: 0 ** exponent is {'1' if exponent == 0 else 'not 0'}, "
             "so pow would change every implicit zero; densify with to_dense first",
-            reason="NOT_ZERO_PRESERVING")
+            reason=Reason.NOT_ZERO_PRESERVING)
 
 
 def _int_power(xp, values, e: int):
@@ -638,7 +639,7 @@ def _map(fn: str, values: np.ndarray, exponent=None) -> np.ndarray:
     why = _map_refusal(fn, dtype)
     if why is not None:
         raise UnimplementedError(f"map_values({fn}) does not support {dtype.name} values: {why}",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
     with np.errstate(all="ignore"):
         if fn in _SPECIAL or fn in _PREDICATES or fn in _TORCH:
             import scipy.special
@@ -702,11 +703,11 @@ def map_values(sp_input: SparseTensor, fn: str, exponent: float | None = None) -
             raise InvalidArgumentError(
                 f"fn = {fn!r}: {name}(0) = {_NOT_ZERO_PRESERVING[name]} != 0, so map_values({name}) "
                 "would change every implicit zero; densify with to_dense first and apply it to the "
-                "dense tensor", reason="NOT_ZERO_PRESERVING")
+                "dense tensor", reason=Reason.NOT_ZERO_PRESERVING)
         raise InvalidArgumentError(
             f"fn = {fn!r} is not a zero-preserving function map_values knows; it accepts "
             f"{', '.join(MAP_FUNCTIONS)}. For other functions densify with to_dense first",
-            reason="UNKNOWN_FUNCTION")
+            reason=Reason.UNKNOWN_FUNCTION)
     _check_exponent(name, exponent)
     return _same_structure(sp_input, _map(name, sp_input.values, exponent))
 
@@ -762,8 +763,8 @@ def _dense_has_rows(dense, sp_input) -> bool:
     return np.ndim(dense) == sp_input.ndim and np.shape(dense)[0] == sp_input.dense_shape[0] != 1
 
 
-REGISTRY.partitioned("mul", Rowwise("sp_input", rows=("dense",), slice_rows=_dense_has_rows, probe=True))
-REGISTRY.partitioned("div", Rowwise("sp_input", rows=("dense",), slice_rows=_dense_has_rows, probe=True))
-REGISTRY.partitioned("map_values", Rowwise("sp_input", probe=True))
-REGISTRY.partitioned("with_values", Rowwise("sp_input", entries=("new_values",), probe=True))
-REGISTRY.partitioned("retain", Rowwise("sp_input", entries=("to_retain",), probe=True))
+REGISTRY.partitioned("mul", Rowwise("sp_input", rows=("dense",), slice_rows=_dense_has_rows))
+REGISTRY.partitioned("div", Rowwise("sp_input", rows=("dense",), slice_rows=_dense_has_rows))
+REGISTRY.partitioned("map_values", Rowwise("sp_input"))
+REGISTRY.partitioned("with_values", Rowwise("sp_input", entries=("new_values",)))
+REGISTRY.partitioned("retain", Rowwise("sp_input", entries=("to_retain",)))

@@ -17,6 +17,7 @@ import numpy as np
 from sparseserve import kernels
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import elementwise as ek
 from sparseserve.kernels import gather as gk
 from sparseserve.kernels._sort import gather_rows
@@ -59,7 +60,7 @@ def _prod(dims) -> int:
 def _wrap_dim(dim: int, ndim: int, what: str) -> int:
     if not -ndim <= dim < ndim:
         raise InvalidArgumentError(f"dim = {dim} is out of range for {what} of rank {ndim}; it must be "
-                                   f"in [{-ndim}, {ndim})", reason="AXIS_OUT_OF_RANGE")
+                                   f"in [{-ndim}, {ndim})", reason=Reason.AXIS_OUT_OF_RANGE)
     return dim % ndim
 
 
@@ -68,12 +69,12 @@ def _checked_index(index: np.ndarray, size: int, dim: int) -> np.ndarray:
     ``[-size, size)`` (negative values count from the end, as in PyTorch)."""
     if index.ndim != 1:
         raise InvalidArgumentError(f"index has shape {_shape(index.shape)}; it must be 1-D",
-                                   reason="INDICES_RANK")
+                                   reason=Reason.INDICES_RANK)
     if index.dtype.kind not in "iu":
         if index.size == 0:  # an empty JSON list decodes as float64
             return np.zeros(0, np.int64)
         raise InvalidArgumentError(f"index has dtype {index.dtype}; it must be an integer type "
-                                   "(int32 or int64)", reason="INDEX_DTYPE")
+                                   "(int32 or int64)", reason=Reason.INDEX_DTYPE)
     if index.dtype.kind == "u":
         too_big = np.flatnonzero(index >= np.uint64(size)) if index.size else np.zeros(0, np.int64)
         if too_big.size:
@@ -92,7 +93,7 @@ def _checked_index(index: np.ndarray, size: int, dim: int) -> np.ndarray:
 def _out_of_range(position: int, value: int, size: int, dim: int) -> InvalidArgumentError:
     return InvalidArgumentError(
         f"index[{position}] = {value} is out of range for input.dense_shape[{dim}] = {size}; index "
-        f"values must be in [{-size}, {size})", reason="INDEX_OUT_OF_RANGE")
+        f"values must be in [{-size}, {size})", reason=Reason.INDEX_OUT_OF_RANGE)
 
 
 def _split(n: int) -> tuple[int, int]:
@@ -211,7 +212,7 @@ def _to_csr(coo: SparseTensor, index_dtype: np.dtype) -> SparseTensor:
         out = convert_layout(coo, "csr")
     except BatchNseError as exc:
         raise InvalidArgumentError(f"the result cannot be a batched CSR tensor: {exc}",
-                                   reason="BATCH_NSE_MISMATCH") from None
+                                   reason=Reason.BATCH_NSE_MISMATCH) from None
     dtype = _index_dtype(np.dtype(index_dtype), out.plain_indices.size, out.dense_shape[-1])
     if out.compressed_indices.dtype == dtype:
         return out
@@ -373,7 +374,7 @@ def _check_mask_shape(input, mask) -> None:
     if _shape(input.shape) != list(mask.dense_shape):
         raise InvalidArgumentError(
             f"input has shape {_shape(input.shape)} and mask has dense_shape {list(mask.dense_shape)}; "
-            "sparse_mask needs equal shapes (no broadcasting)", reason="SHAPE_MISMATCH")
+            "sparse_mask needs equal shapes (no broadcasting)", reason=Reason.SHAPE_MISMATCH)
 
 
 def _sparse_mask_bytes(input, mask, **_) -> int:
@@ -462,7 +463,7 @@ def _broadcast(a_shape, b_shape, a_name: str, b_name: str) -> tuple[int, ...]:
         return tuple(int(d) for d in np.broadcast_shapes(tuple(a_shape), tuple(b_shape)))
     except ValueError:
         raise InvalidArgumentError(f"{a_name} has shape {list(a_shape)} and {b_name} has shape "
-                                   f"{list(b_shape)}, which do not broadcast", reason="SHAPE_MISMATCH") from None
+                                   f"{list(b_shape)}, which do not broadcast", reason=Reason.SHAPE_MISMATCH) from None
 
 
 def _coalesce(t: SparseTensor) -> SparseTensor:
@@ -575,7 +576,7 @@ def _mul_coo_coo(a: SparseTensor, b: SparseTensor, dtype: np.dtype) -> SparseTen
             f"a (dense_shape {list(a.dense_shape)}, {a.sparse_ndim} sparse dimensions) and b (dense_shape "
             f"{list(b.dense_shape)}, {b.sparse_ndim} sparse dimensions): sparse * sparse needs equal "
             "ranks, equal sparse dimensions, and broadcasts only over dense dimensions",
-            reason="SHAPE_MISMATCH")
+            reason=Reason.SHAPE_MISMATCH)
     shape = _broadcast(a.dense_shape, b.dense_shape, "a", "b")
     if a.nnz == 0 or b.nnz == 0:
         # torch answers an empty operand with an empty product (and crashes where dense dimensions
@@ -593,7 +594,7 @@ def _mul_csr_dense(c: SparseTensor, d: np.ndarray, dtype: np.dtype) -> SparseTen
     if list(shape) != list(c.dense_shape):
         raise InvalidArgumentError(
             f"the dense operand's shape {_shape(d.shape)} would enlarge the CSR operand's dense_shape "
-            f"{list(c.dense_shape)}; CSR * dense broadcasts only the dense side", reason="SHAPE_MISMATCH")
+            f"{list(c.dense_shape)}; CSR * dense broadcasts only the dense side", reason=Reason.SHAPE_MISMATCH)
     if d.ndim == 0:
         values = _times(c.values, d, dtype)
     else:
@@ -650,7 +651,7 @@ def multiply(a, b):
     a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
     if not a_sparse and not b_sparse:
         raise UnimplementedError("multiply needs at least one sparse operand; for dense * dense use a "
-                                 "dense library", reason="UNSUPPORTED_LAYOUT")
+                                 "dense library", reason=Reason.UNSUPPORTED_LAYOUT)
     dtype = result_type(a, b)
     if a_sparse and b_sparse:
         if a.layout == "coo" and b.layout == "coo":

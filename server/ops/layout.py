@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.core.errors import InvalidArgumentError
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import arrays as ka
 
 from ..argtypes import AXES, OPTIONAL_INT, SPARSE, STRING
@@ -31,7 +32,7 @@ def _check_layout(layout: str) -> str:
     if layout not in SPARSE_LAYOUTS:
         hint = "; use to_dense for a dense result" if layout == "dense" else ""
         raise InvalidArgumentError(f"layout = {layout!r} is not one of {', '.join(SPARSE_LAYOUTS)}{hint}",
-                                   reason="BAD_LAYOUT")
+                                   reason=Reason.BAD_LAYOUT)
     return layout
 
 
@@ -45,7 +46,7 @@ def _check_dense_dim(sp_input: SparseTensor, layout: str, dense_dim: int | None)
         raise InvalidArgumentError(
             f"{given} would leave {ndim - target} sparse dimensions of dense_shape "
             f"{list(sp_input.dense_shape)}; layout {layout} needs at least {need}"
-            + ("" if dense_dim is not None else "; pass a smaller dense_dim"), reason="DENSE_DIM")
+            + ("" if dense_dim is not None else "; pass a smaller dense_dim"), reason=Reason.DENSE_DIM)
     return target
 
 
@@ -53,20 +54,20 @@ def _check_blocksize(sp_input: SparseTensor, layout: str, blocksize, dense_dim: 
     if layout not in BLOCK_LAYOUTS:
         if blocksize is not None:
             raise InvalidArgumentError(f"blocksize is only for layouts bsr and bsc, not {layout}",
-                                       reason="BLOCKSIZE")
+                                       reason=Reason.BLOCKSIZE)
         return None
     if blocksize is None:
-        raise InvalidArgumentError(f"layout {layout} needs a blocksize", reason="BLOCKSIZE")
+        raise InvalidArgumentError(f"layout {layout} needs a blocksize", reason=Reason.BLOCKSIZE)
     if len(blocksize) == 1:  # one int: square blocks
         blocksize = [blocksize[0], blocksize[0]]
     if len(blocksize) != 2 or min(blocksize) < 1:
         raise InvalidArgumentError(f"blocksize = {list(blocksize)} must be two positive integers",
-                                   reason="BLOCKSIZE")
+                                   reason=Reason.BLOCKSIZE)
     p = sp_input.ndim - dense_dim
     rows, cols = sp_input.dense_shape[p - 2], sp_input.dense_shape[p - 1]
     if rows % blocksize[0] or cols % blocksize[1]:
         raise InvalidArgumentError(f"blocksize = {list(blocksize)} does not divide the sparse dimensions "
-                                   f"{[rows, cols]}", reason="BLOCKSIZE")
+                                   f"{[rows, cols]}", reason=Reason.BLOCKSIZE)
     return tuple(int(b) for b in blocksize)
 
 
@@ -131,7 +132,7 @@ def convert(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim: int 
     try:
         return convert_layout(sp_input, layout, blocksize, dense_dim)
     except BatchNseError as exc:
-        raise InvalidArgumentError(f"sp_input: {exc}", reason="BATCH_NSE_MISMATCH") from None
+        raise InvalidArgumentError(f"sp_input: {exc}", reason=Reason.BATCH_NSE_MISMATCH) from None
 
 
 # ------------------------------------------------------------------ convert on the GPU

@@ -18,6 +18,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import compressed as ck
 from sparseserve.kernels import linalg as lk
@@ -66,10 +67,10 @@ def _conj(a: np.ndarray) -> np.ndarray:
 def _check_dtypes(x, y, x_name: str, y_name: str, op: str) -> np.dtype:
     if x.dtype != y.dtype:
         raise InvalidArgumentError(f"{x_name} has dtype {x.dtype} and {y_name} has dtype {y.dtype}; "
-                                   f"{op} needs one dtype (cast one of them)", reason="DTYPE_MISMATCH")
+                                   f"{op} needs one dtype (cast one of them)", reason=Reason.DTYPE_MISMATCH)
     if x.dtype == np.bool_:
         raise UnimplementedError(f"{op} does not support bool; cast the values to a number type",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
     return x.dtype
 
 
@@ -101,10 +102,10 @@ class Rep(NamedTuple):
 def _matrix_dims(t: SparseTensor, name: str, op: str) -> tuple[tuple[int, ...], int, int]:
     if t.dense_ndim:
         raise UnimplementedError(f"{op} does not support hybrid tensors: {name} has {t.dense_ndim} dense "
-                                 "dimensions; convert it with dense_dim=0 first", reason="UNSUPPORTED_HYBRID")
+                                 "dimensions; convert it with dense_dim=0 first", reason=Reason.UNSUPPORTED_HYBRID)
     if t.ndim < 2:
         raise InvalidArgumentError(f"{name} has shape {_shape_of(t)}; {op} needs a matrix or a batch of "
-                                   "matrices (rank 2 or more)", reason="RANK")
+                                   "matrices (rank 2 or more)", reason=Reason.RANK)
     shape = t.dense_shape
     return tuple(int(d) for d in shape[:-2]), int(shape[-2]), int(shape[-1])
 
@@ -186,14 +187,15 @@ def _check_dense_operand(x: np.ndarray, x_name: str, inner: int, batch, s_name: 
                          x_adjoint: bool, op_desc: str) -> None:
     """x must be [inner] (no batch, no adjoint) or [*batch, inner, k] after its own adjoint."""
     if x.ndim == 0:
-        raise InvalidArgumentError(f"{x_name} is a scalar; matmul needs a vector or a matrix", reason="RANK")
+        raise InvalidArgumentError(f"{x_name} is a scalar; matmul needs a vector or a matrix", reason=Reason.RANK)
     if x.ndim == 1:
         if x_adjoint:
             raise InvalidArgumentError(f"{x_name} is a vector (shape {_shape_of(x)}); adjoint needs a matrix",
-                                       reason="RANK")
+                                       reason=Reason.RANK)
         if batch:
             raise InvalidArgumentError(f"{x_name} is a vector but {s_name} is batched (shape {list(s_shape)}); "
-                                       f"give {x_name} the batch dimensions {list(batch)}", reason="SHAPE_MISMATCH")
+                                       f"give {x_name} the batch dimensions {list(batch)}",
+                                       reason=Reason.SHAPE_MISMATCH)
         got_batch: tuple[int, ...] = ()
         got_inner = x.shape[0]
     else:
@@ -202,7 +204,7 @@ def _check_dense_operand(x: np.ndarray, x_name: str, inner: int, batch, s_name: 
     if got_batch != tuple(batch) or got_inner != inner:
         raise InvalidArgumentError(
             f"{op_desc}: {s_name} has shape {list(s_shape)} and {x_name} has shape {_shape_of(x)}, which do not "
-            "multiply (inner dimensions must agree and batch dimensions be equal)", reason="SHAPE_MISMATCH")
+            "multiply (inner dimensions must agree and batch dimensions be equal)", reason=Reason.SHAPE_MISMATCH)
 
 
 def _sparse_times_dense(a: SparseTensor, b: np.ndarray, adjoint_a: bool, adjoint_b: bool) -> np.ndarray:
@@ -233,13 +235,13 @@ def _sparse_times_sparse(a: SparseTensor, b: SparseTensor, adjoint_a: bool, adjo
     ra, rb = _rep(a, "a", "matmul"), _rep(b, "b", "matmul")
     if ra.batch or rb.batch:
         raise UnimplementedError(f"matmul of two sparse tensors needs 2-D matrices; a has shape "
-                                 f"{_shape_of(a)} and b has shape {_shape_of(b)}", reason="UNSUPPORTED_BATCH")
+                                 f"{_shape_of(a)} and b has shape {_shape_of(b)}", reason=Reason.UNSUPPORTED_BATCH)
     p, q = (ra.n, ra.m) if adjoint_a else (ra.m, ra.n)
     q2, r = (rb.n, rb.m) if adjoint_b else (rb.m, rb.n)
     if q != q2:
         raise InvalidArgumentError(
             f"op(a) @ op(b): a has shape {_shape_of(a)} and b has shape {_shape_of(b)}, which do not multiply "
-            f"(op(a) has {q} columns, op(b) has {q2} rows)", reason="SHAPE_MISMATCH")
+            f"(op(a) has {q} columns, op(b) has {q2} rows)", reason=Reason.SHAPE_MISMATCH)
     a_ptr, a_idx, a_vals = _csr_of_op(ra, adjoint_a)
     b_ptr, b_idx, b_vals = _csr_of_op(rb, adjoint_b)
     index = np.result_type(a_idx.dtype, b_idx.dtype)  # one index dtype: one compiled signature
@@ -332,7 +334,7 @@ def matmul(a, b, adjoint_a: bool = False, adjoint_b: bool = False):
     a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
     if not a_sparse and not b_sparse:
         raise UnimplementedError("matmul needs at least one sparse operand; for dense @ dense use a dense "
-                                 "library", reason="UNSUPPORTED_LAYOUT")
+                                 "library", reason=Reason.UNSUPPORTED_LAYOUT)
     _check_dtypes(a, b, "a", "b", "matmul")
     if a_sparse and b_sparse:
         return _sparse_times_sparse(a, b, adjoint_a, adjoint_b)
@@ -497,7 +499,7 @@ def sampled_addmm(input: SparseTensor, mat1: np.ndarray, mat2: np.ndarray, beta=
     if not ok:
         raise InvalidArgumentError(
             f"input has shape {_shape_of(input)}, mat1 {_shape_of(mat1)} and mat2 {_shape_of(mat2)}; they must be "
-            "[*batch, m, n], [*batch, m, d] and [*batch, d, n]", reason="SHAPE_MISMATCH")
+            "[*batch, m, n], [*batch, m, d] and [*batch, d, n]", reason=Reason.SHAPE_MISMATCH)
     alpha_c = _to_compute(np.asarray([cast_scalar(alpha, dtype, "alpha")], dtype))[0]
     beta_c = _to_compute(np.asarray([cast_scalar(beta, dtype, "beta")], dtype))[0]
     rows, cols = _entries(input, batch, m, n)

@@ -8,6 +8,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import reduce as rk
@@ -26,7 +27,7 @@ SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO, CSR, CSC, BSR 
 def _axis_index(axis: int, rank: int, name: str) -> int:
     if not -rank <= axis < rank:
         raise InvalidArgumentError(f"{name} = {axis} is out of range for a tensor of rank {rank} "
-                                   f"(valid: {-rank} to {rank - 1})", reason="AXIS_OUT_OF_RANGE")
+                                   f"(valid: {-rank} to {rank - 1})", reason=Reason.AXIS_OUT_OF_RANGE)
     return axis % rank
 
 
@@ -83,7 +84,7 @@ def _check_reduce_dtype(op: str, dtype: np.dtype) -> None:
     if dtype == np.bool_ or (op == rk.MAX and dtype.kind == "c"):
         what = "bool" if dtype == np.bool_ else "complex"
         raise UnimplementedError(f"reduce_{op} does not support {what} values ({dtype.name}), as "
-                                 f"TensorFlow's does not", reason="UNSUPPORTED_DTYPE")
+                                 f"TensorFlow's does not", reason=Reason.UNSUPPORTED_DTYPE)
 
 
 def _entry_values(t: SparseTensor, plan: _ReducePlan, op: str, work: np.dtype) -> np.ndarray:
@@ -142,7 +143,7 @@ def _reduce(op: str, sp_input: SparseTensor, axis, keepdims: bool, output_is_spa
     if output_is_sparse and not plan.out_shape:
         raise InvalidArgumentError(
             f"reduce_{op} over every axis without keepdims gives a scalar, which cannot be sparse; "
-            "pass keepdims=true or output_is_sparse=false", reason="RANK_TOO_LOW")
+            "pass keepdims=true or output_is_sparse=false", reason=Reason.RANK_TOO_LOW)
     work = rk.work_dtype(op, t.dtype)
     values2d = _entry_values(t, plan, op, work)
     kept = plan.kept_sparse
@@ -296,7 +297,7 @@ def _softmax(name: str, sp_input: SparseTensor, axis: int, log: bool) -> SparseT
     dtype = sp_input.dtype
     if dtype.kind != "f":
         raise UnimplementedError(f"{name} needs floating values, not {dtype.name}",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
     d = _axis_index(axis, len(sp_input.dense_shape), "axis")
     t = as_coo(sp_input)
     s = t.sparse_ndim
@@ -354,17 +355,17 @@ def _extreme(name: str, sp_a: SparseTensor, sp_b: SparseTensor, take_max: bool) 
     if list(sp_a.dense_shape) != list(sp_b.dense_shape):
         raise InvalidArgumentError(
             f"sp_a has shape {list(sp_a.dense_shape)} and sp_b has shape {list(sp_b.dense_shape)}; "
-            f"{name} needs equal shapes (no broadcasting)", reason="SHAPE_MISMATCH")
+            f"{name} needs equal shapes (no broadcasting)", reason=Reason.SHAPE_MISMATCH)
     if sp_a.dtype != sp_b.dtype:
         raise InvalidArgumentError(f"sp_a is {sp_a.dtype.name} and sp_b is {sp_b.dtype.name}; {name} "
-                                   "needs one dtype", reason="DTYPE_MISMATCH")
+                                   "needs one dtype", reason=Reason.DTYPE_MISMATCH)
     if sp_a.dtype == np.bool_ or sp_a.dtype.kind == "c":
         raise UnimplementedError(f"{name} needs real number values, not {sp_a.dtype.name}",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
     a, b = as_coo(sp_a), as_coo(sp_b)
     if a.sparse_ndim != b.sparse_ndim:
         raise InvalidArgumentError(f"sp_a has {a.sparse_ndim} sparse dimensions and sp_b has "
-                                   f"{b.sparse_ndim}; they must be equal", reason="SPARSE_DIM_MISMATCH")
+                                   f"{b.sparse_ndim}; they must be equal", reason=Reason.SPARSE_DIM_MISMATCH)
     indices, values = rk.elementwise_extreme(a.indices, a.values, b.indices, b.values, a.dense_shape,
                                              take_max)
     return SparseTensor(indices=indices, values=values, dense_shape=a.dense_shape, coalesced=True)

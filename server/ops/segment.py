@@ -17,6 +17,7 @@ import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import segment as sk
 
 from ..argtypes import BOOL, DENSE, INT, OPTIONAL_INT, TENSOR
@@ -39,11 +40,11 @@ def _index_vector(a, name: str):
     float64, counts as int64); metadata only, so the GPU's ``supports`` can run it."""
     if a.ndim != 1:
         raise InvalidArgumentError(f"{name} must be a vector (rank 1), got shape {list(a.shape)}",
-                                   reason="RANK")
+                                   reason=Reason.RANK)
     dtype = np.dtype(a.dtype)
     if dtype.name not in INDEX_DTYPES and not (a.shape[0] == 0 and dtype.kind in "fiub"):
         raise InvalidArgumentError(f"{name} has dtype {dtype.name}; it must be int32 or int64",
-                                   reason="BAD_DTYPE")
+                                   reason=Reason.BAD_DTYPE)
     return dtype.name if dtype.name in INDEX_DTYPES else "int64"
 
 
@@ -53,19 +54,19 @@ def _check_segment_args(op: str, data, indices, segment_ids, num_segments) -> np
     if np.dtype(data.dtype).name not in dtypes:
         kinds = "float16, float32 or float64" if op != "segment_sum" else "integer or floating"
         raise UnimplementedError(f"{op} takes {kinds} data, not {np.dtype(data.dtype).name}, as "
-                                 "TensorFlow's does", reason="UNSUPPORTED_DTYPE")
+                                 "TensorFlow's does", reason=Reason.UNSUPPORTED_DTYPE)
     if data.ndim < 1:
         raise InvalidArgumentError("data must have rank >= 1 (rows to gather), got a scalar",
-                                   reason="RANK_TOO_LOW")
+                                   reason=Reason.RANK_TOO_LOW)
     _index_vector(indices, "indices")
     _index_vector(segment_ids, "segment_ids")
     if indices.shape[0] != segment_ids.shape[0]:
         raise InvalidArgumentError(
             f"indices has {indices.shape[0]} elements and segment_ids has {segment_ids.shape[0]}; "
-            "they must have the same length (one segment id per index)", reason="SHAPE_MISMATCH")
+            "they must have the same length (one segment id per index)", reason=Reason.SHAPE_MISMATCH)
     if num_segments is not None and not 0 <= num_segments <= INT64_MAX:
         raise InvalidArgumentError(f"num_segments = {num_segments} must be >= 0 (and fit int64)",
-                                   reason="VALUE_OUT_OF_RANGE")
+                                   reason=Reason.VALUE_OUT_OF_RANGE)
     return np.dtype(np.int64)  # what the kernels take (int32 is widened)
 
 
@@ -87,22 +88,22 @@ def _segment_error(code: int, indices, segment_ids, n_data: int, num_segments) -
     i, kind = divmod(code, 4)
     if kind == sk.BAD_INDEX:
         return InvalidArgumentError(f"indices[{i}] = {int(indices[i])} is out of range for data.shape[0] "
-                                    f"= {n_data}", reason="INDEX_OUT_OF_RANGE")
+                                    f"= {n_data}", reason=Reason.INDEX_OUT_OF_RANGE)
     s = int(segment_ids[i])
     if kind == sk.UNSORTED:
         return InvalidArgumentError(
             f"segment_ids[{i}] = {s} is less than segment_ids[{i - 1}] = {int(segment_ids[i - 1])}; "
-            "segment_ids must be sorted (non-decreasing)", reason="SEGMENT_IDS_UNSORTED")
+            "segment_ids must be sorted (non-decreasing)", reason=Reason.SEGMENT_IDS_UNSORTED)
     if s < 0:
         return InvalidArgumentError(f"segment_ids[{i}] = {s} is negative; segment ids must be >= 0",
-                                    reason="SEGMENT_ID_OUT_OF_RANGE")
+                                    reason=Reason.SEGMENT_ID_OUT_OF_RANGE)
     if num_segments is None:  # beyond the last id: the ids decrease somewhere after it
         return InvalidArgumentError(
             f"segment_ids[{i}] = {s} is greater than the last segment id {int(segment_ids[-1])}; "
-            "segment_ids must be sorted (non-decreasing)", reason="SEGMENT_IDS_UNSORTED")
+            "segment_ids must be sorted (non-decreasing)", reason=Reason.SEGMENT_IDS_UNSORTED)
     return InvalidArgumentError(f"segment_ids[{i}] = {s} is out of range for num_segments = "
                                 f"{num_segments} (valid: 0 to {num_segments - 1})",
-                                reason="SEGMENT_ID_OUT_OF_RANGE")
+                                reason=Reason.SEGMENT_ID_OUT_OF_RANGE)
 
 
 def _segment(op: str, data: np.ndarray, indices: np.ndarray, segment_ids: np.ndarray,
@@ -254,37 +255,37 @@ def _bincount_plan(values, weights, axis: int, binary_output: bool):
     batches, output rank, position namer) after every check that reads no values."""
     if axis not in (0, -1):
         raise InvalidArgumentError(f"axis = {axis} is not supported; bincount counts over every value "
-                                   "(axis 0) or per row (axis -1)", reason="AXIS_OUT_OF_RANGE")
+                                   "(axis 0) or per row (axis -1)", reason=Reason.AXIS_OUT_OF_RANGE)
     if weights is not None and binary_output:
         raise InvalidArgumentError("weights and binary_output=true are mutually exclusive; pass one",
-                                   reason="EXCLUSIVE_ARGUMENTS")
+                                   reason=Reason.EXCLUSIVE_ARGUMENTS)
     if np.dtype(values.dtype).name not in ("int32", "int64"):
         raise UnimplementedError(f"bincount counts int32 or int64 values, not {np.dtype(values.dtype).name}, "
-                                 "as TensorFlow's does", reason="UNSUPPORTED_DTYPE")
+                                 "as TensorFlow's does", reason=Reason.UNSUPPORTED_DTYPE)
     if weights is not None and np.dtype(weights.dtype).name not in sk.WEIGHT_DTYPES:
         raise UnimplementedError(f"bincount takes int32, int64, float32 or float64 weights, not "
                                  f"{np.dtype(weights.dtype).name}, as TensorFlow's does",
-                                 reason="UNSUPPORTED_DTYPE")
+                                 reason=Reason.UNSUPPORTED_DTYPE)
     if isinstance(values, SparseTensor):
         return _sparse_plan(values, weights, axis)
     if isinstance(weights, SparseTensor):
         raise InvalidArgumentError("weights is sparse but values is dense; weights must be dense with "
-                                   "values' shape", reason="SHAPE_MISMATCH")
+                                   "values' shape", reason=Reason.SHAPE_MISMATCH)
     shape = tuple(values.shape)
     if axis == 0 or values.ndim == 1:
         flat = values.reshape(-1)
         if weights is not None and weights.size != flat.size:
             raise InvalidArgumentError(f"weights has shape {list(weights.shape)} ({weights.size} elements) "
                                        f"and values has shape {list(shape)} ({flat.size}); they must "
-                                       "have the same size", reason="SHAPE_MISMATCH")
+                                       "have the same size", reason=Reason.SHAPE_MISMATCH)
         namer = (lambda i: _position("values", i, shape)) if shape else (lambda i: "values")
         return flat, None if weights is None else weights.reshape(-1), None, 0, 1, 1, namer
     if values.ndim != 2:
         raise InvalidArgumentError(f"with axis=-1 dense values must have rank 1 or 2, got shape {list(shape)}",
-                                   reason="RANK")
+                                   reason=Reason.RANK)
     if weights is not None and tuple(weights.shape) != shape:
         raise InvalidArgumentError(f"weights has shape {list(weights.shape)} and values has shape "
-                                   f"{list(shape)}; with axis=-1 they must be equal", reason="SHAPE_MISMATCH")
+                                   f"{list(shape)}; with axis=-1 they must be equal", reason=Reason.SHAPE_MISMATCH)
     namer = lambda i: _position("values", i, shape)  # noqa: E731
     return (values.reshape(-1), None if weights is None else weights.reshape(-1), None, shape[1], shape[0], 2,
             namer)
@@ -298,17 +299,17 @@ def _sparse_plan(values: SparseTensor, weights, axis: int):
     t = as_coo(values)
     if t.dense_ndim:
         raise UnimplementedError("bincount does not take hybrid sparse values (dense dimensions in "
-                                 "the values)", reason="UNSUPPORTED_HYBRID")
+                                 "the values)", reason=Reason.UNSUPPORTED_HYBRID)
     w = None
     if weights is not None:
         if not isinstance(weights, SparseTensor):
             raise InvalidArgumentError("values is sparse, so weights must be a sparse tensor with "
-                                       "values' indices and shape", reason="SHAPE_MISMATCH")
+                                       "values' indices and shape", reason=Reason.SHAPE_MISMATCH)
         w = as_coo(weights)
         if (tuple(w.dense_shape) != tuple(t.dense_shape) or w.dense_ndim
                 or not np.array_equal(w.indices, t.indices)):
             raise InvalidArgumentError("weights must have the same dense_shape and indices as values "
-                                       "(entry by entry, in the same order)", reason="SHAPE_MISMATCH")
+                                       "(entry by entry, in the same order)", reason=Reason.SHAPE_MISMATCH)
         w = w.values
     namer = lambda i: f"values.values[{i}]"  # noqa: E731
     if axis == 0 or t.ndim == 1:
@@ -354,20 +355,20 @@ def bincount(values, weights=None, axis: int = 0, minlength=None, maxlength=None
     bad, top, kept = sk.bincount_scan_values(flat64, maxlength)
     if bad >= 0:
         raise InvalidArgumentError(f"{namer(bad)} = {int(flat64[bad])} is negative; bincount counts "
-                                   "values >= 0", reason="VALUE_OUT_OF_RANGE")
+                                   "values >= 0", reason=Reason.VALUE_OUT_OF_RANGE)
     if maxlength >= 0:
         size = maxlength
     else:
         if top == INT64_MAX:
             raise InvalidArgumentError(f"values holds {top}, so the bins (largest value + 1) would not fit "
-                                       "int64; pass maxlength", reason="SHAPE_OVERFLOW")
+                                       "int64; pass maxlength", reason=Reason.SHAPE_OVERFLOW)
         size = max(top + 1, minlength)
     if size > INT64_MAX:
         raise InvalidArgumentError(f"{size} bins (minlength or maxlength) do not fit int64",
-                                   reason="SHAPE_OVERFLOW")
+                                   reason=Reason.SHAPE_OVERFLOW)
     if rank == 2 and size and n_batch > INT64_MAX // size:
         raise InvalidArgumentError(f"the output shape [{n_batch}, {size}] has more elements than int64 holds",
-                                   reason="SHAPE_OVERFLOW")
+                                   reason=Reason.SHAPE_OVERFLOW)
     if w is not None:
         w = np.ascontiguousarray(w, dtype=w.dtype.newbyteorder("="))
     keys, sums = sk.bincount(flat64, None if batch is None else np.ascontiguousarray(batch, dtype=np.int64),

@@ -27,6 +27,7 @@ import numpy as np
 from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.core.validate import INT64_MAX, check_shape
 from sparseserve.core.errors import InvalidArgumentError
+from sparseserve.core.reasons import Reason
 from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import shape as shk
@@ -92,14 +93,14 @@ def _transpose_plan(sp_input: SparseTensor, perm: list[int] | None) -> _Transpos
     if len(perm) != rank or sorted(perm) != list(range(rank)):
         raise InvalidArgumentError(
             f"perm = {list(perm)} is not a permutation of [0, {rank}), the dimensions of sp_input "
-            f"(rank {rank})", reason="BAD_PERMUTATION")
+            f"(rank {rank})", reason=Reason.BAD_PERMUTATION)
     s = _coo_sparse_ndim(sp_input)
     if sorted(perm[:s]) != list(range(s)):
         raise InvalidArgumentError(
             f"perm = {list(perm)} moves a dense dimension of sp_input into the sparse ones: sp_input "
             f"has {s} sparse dimensions (dense_shape {list(sp_input.dense_shape)}), and perm[:{s}] "
             f"must be a permutation of [0, {s}); dense dimensions permute only among themselves",
-            reason="PERM_MIXES_SPARSE_AND_DENSE")
+            reason=Reason.PERM_MIXES_SPARSE_AND_DENSE)
     out_shape = tuple(sp_input.dense_shape[p] for p in perm)
     return _TransposePlan(tuple(perm), s, out_shape)
 
@@ -236,13 +237,13 @@ def _check_shape_argument(shape: list[int]) -> int | None:
             if unknown is not None:
                 raise InvalidArgumentError(
                     f"shape = {shape} has -1 at shape[{unknown}] and shape[{i}]; at most one "
-                    "dimension may be inferred", reason="MULTIPLE_INFERRED_DIMENSIONS")
+                    "dimension may be inferred", reason=Reason.MULTIPLE_INFERRED_DIMENSIONS)
             unknown = i
         elif d < -1:
             raise InvalidArgumentError(f"shape[{i}] = {d} is negative; only -1 (inferred) is allowed",
-                                       reason="NEGATIVE_DIMENSION")
+                                       reason=Reason.NEGATIVE_DIMENSION)
         elif d > INT64_MAX:
-            raise InvalidArgumentError(f"shape[{i}] = {d} does not fit int64", reason="SHAPE_OVERFLOW")
+            raise InvalidArgumentError(f"shape[{i}] = {d} does not fit int64", reason=Reason.SHAPE_OVERFLOW)
     return unknown
 
 
@@ -258,33 +259,33 @@ def _reshape_plan(sp_input: SparseTensor, shape: list[int]) -> _ReshapePlan:
         raise InvalidArgumentError(
             f"shape = {shape} must end with the dense dimensions {list(dense)} of the hybrid sp_input "
             f"(dense_shape {list(old)}): reshape reshapes only the sparse dimensions",
-            reason="DENSE_DIMS_CHANGED")
+            reason=Reason.DENSE_DIMS_CHANGED)
     lead = shape[:len(shape) - k]
     if not lead:
         raise InvalidArgumentError(
             f"shape = {shape} leaves sp_input (dense_shape {list(old)}) no sparse dimension; a sparse "
-            "tensor has at least one", reason="RANK_TOO_LOW")
+            "tensor has at least one", reason=Reason.RANK_TOO_LOW)
     count = _prod(old[:s])
     known = _prod(d for d in lead if d != -1)
     if known > INT64_MAX:
         raise InvalidArgumentError(
             f"shape = {shape}: its dimensions multiply to {known}, more than int64 can count",
-            reason="SHAPE_OVERFLOW")
+            reason=Reason.SHAPE_OVERFLOW)
     if unknown is not None:
         if known == 0:
             raise InvalidArgumentError(
                 f"shape = {shape} cannot infer its -1: the other {'sparse ' if k else ''}dimensions "
                 "multiply to 0, so any size would do",
-                reason="CANNOT_INFER_DIMENSION")
+                reason=Reason.CANNOT_INFER_DIMENSION)
         if count % known:
             raise InvalidArgumentError(
                 f"sp_input.dense_shape{hybrid} = {list(old[:s])} holds {count} positions, not a "
-                f"multiple of {known} as shape = {shape} needs", reason="SHAPE_SIZE_MISMATCH")
+                f"multiple of {known} as shape = {shape} needs", reason=Reason.SHAPE_SIZE_MISMATCH)
         lead[unknown] = count // known
     elif known != count:
         raise InvalidArgumentError(
             f"sp_input.dense_shape{hybrid} = {list(old[:s])} holds {count} positions but shape = "
-            f"{shape} holds {known}; reshape keeps the number of elements", reason="SHAPE_SIZE_MISMATCH")
+            f"{shape} holds {known}; reshape keeps the number of elements", reason=Reason.SHAPE_SIZE_MISMATCH)
     out_shape = check_shape((*lead, *dense), "shape")
     return _ReshapePlan(old[:s], tuple(lead), out_shape)
 
@@ -336,10 +337,10 @@ def _slice_plan(sp_input: SparseTensor, start: list[int], size: list[int]) -> _S
     for name, arg in (("start", start), ("size", size)):
         if len(arg) != rank:
             raise InvalidArgumentError(f"{name} has {len(arg)} entries but sp_input has rank {rank}",
-                                       reason="RANK_MISMATCH")
+                                       reason=Reason.RANK_MISMATCH)
         for d, v in enumerate(arg):
             if v < 0:
-                raise InvalidArgumentError(f"{name}[{d}] = {v} is negative", reason="NEGATIVE_SLICE")
+                raise InvalidArgumentError(f"{name}[{d}] = {v} is negative", reason=Reason.NEGATIVE_SLICE)
     # Python ints: start + size cannot overflow, and the clipped bounds fit int64.
     lo = [min(b, dim) for b, dim in zip(start, sp_input.dense_shape)]
     hi = [min(b + n, dim) for b, n, dim in zip(start, size, sp_input.dense_shape)]

@@ -25,6 +25,7 @@ import numpy as np
 
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.tensor import SparseTensor
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import solvers as sk
 from sparseserve.kernels._sort import frozen
 
@@ -84,7 +85,7 @@ class Operator:
                     raise InvalidArgumentError(
                         f"preconditioner 'ilu0' breaks down at row {bad}: its diagonal entry is missing or its "
                         "pivot is 0 (ILU(0) needs every diagonal entry stored and nonzero pivots)",
-                        reason="SINGULAR_PRECONDITIONER")
+                        reason=Reason.SINGULAR_PRECONDITIONER)
                 self._ilu0 = (ptr, idx, frozen(lu), frozen(diag_pos))
             return self._ilu0
 
@@ -109,7 +110,7 @@ def inverse_diagonal(d: np.ndarray) -> np.ndarray:
     zero = np.flatnonzero(d == 0)
     if zero.size:
         raise InvalidArgumentError(f"preconditioner 'jacobi' needs a nonzero diagonal; a[{zero[0]}, {zero[0]}] "
-                                   "is 0", reason="SINGULAR_PRECONDITIONER")
+                                   "is 0", reason=Reason.SINGULAR_PRECONDITIONER)
     return 1 / d
 
 
@@ -141,7 +142,7 @@ def _compute_dtype(a: SparseTensor, b_dtype: np.dtype | None = None) -> np.dtype
         if dtype is not None and dtype.kind not in "iuf":
             raise InvalidArgumentError(f"{name} has dtype {dtype}; the solvers take real numbers (floats or "
                                        "integers, solved in float64; float32 stays float32)",
-                                       reason="UNSUPPORTED_DTYPE")
+                                       reason=Reason.UNSUPPORTED_DTYPE)
     if a.dtype == np.float32 and (b_dtype is None or b_dtype == np.float32):
         return np.dtype(np.float32)
     return np.dtype(np.float64)
@@ -152,7 +153,7 @@ def operator_of(a: Any, op: str = "solve", dtype: np.dtype | None = None) -> Ope
     its compute dtype), kept with ``a`` while it lives when ``a`` is read-only (a handle)."""
     if not isinstance(a, SparseTensor):
         raise InvalidArgumentError(f"a must be a sparse matrix (a handle or a sparse tensor) for {op}, not a "
-                                   "dense array", reason="UNSUPPORTED_LAYOUT")
+                                   "dense array", reason=Reason.UNSUPPORTED_LAYOUT)
     dtype = np.dtype(dtype) if dtype is not None else _compute_dtype(a)
     held = not any(arr.flags.writeable for arr in a.arrays())
     if held:
@@ -163,10 +164,10 @@ def operator_of(a: Any, op: str = "solve", dtype: np.dtype | None = None) -> Ope
     rep = _rep(a, "a", op)
     if rep.batch:
         raise InvalidArgumentError(f"a has shape {list(a.dense_shape)}; {op} needs one 2-D matrix (no batch "
-                                   "dimensions)", reason="RANK")
+                                   "dimensions)", reason=Reason.RANK)
     if rep.m != rep.n:
         raise InvalidArgumentError(f"a has shape [{rep.m}, {rep.n}]; {op} needs a square matrix",
-                                   reason="NOT_SQUARE")
+                                   reason=Reason.NOT_SQUARE)
     ptr, idx, vals = _csr_of_op(rep, False)
     operator = Operator(sk.Csr(ptr, idx, np.ascontiguousarray(vals, dtype)))
     if held:
@@ -179,36 +180,36 @@ def operator_of(a: Any, op: str = "solve", dtype: np.dtype | None = None) -> Ope
 def _checked(op: str, a, b, x0, rtol: float, atol: float, maxiter, preconditioner: str):
     if preconditioner not in PRECONDITIONERS:
         raise InvalidArgumentError(f"preconditioner must be one of {', '.join(PRECONDITIONERS)}, not "
-                                   f"{preconditioner!r}", reason="BAD_PRECONDITIONER")
+                                   f"{preconditioner!r}", reason=Reason.BAD_PRECONDITIONER)
     for name, value in (("rtol", rtol), ("atol", atol)):
         if not (math.isfinite(value) and value >= 0):
-            raise InvalidArgumentError(f"{name} must be a finite number >= 0, not {value}", reason="BAD_TOLERANCE")
+            raise InvalidArgumentError(f"{name} must be a finite number >= 0, not {value}", reason=Reason.BAD_TOLERANCE)
     if maxiter is not None and maxiter < 1:
         raise InvalidArgumentError(f"maxiter must be at least 1 (or null for 10 n), not {maxiter}",
-                                   reason="BAD_MAXITER")
+                                   reason=Reason.BAD_MAXITER)
     if not isinstance(b, np.ndarray):
         raise InvalidArgumentError(f"b must be a dense vector [n] or a block [n, k] for {op}, not a sparse tensor",
-                                   reason="UNSUPPORTED_LAYOUT")
+                                   reason=Reason.UNSUPPORTED_LAYOUT)
     operator = operator_of(a, op, _compute_dtype(a, b.dtype) if isinstance(a, SparseTensor) else None)
     n = operator.n
     if b.ndim not in (1, 2) or b.shape[0] != n:
         raise InvalidArgumentError(f"a has shape [{n}, {n}] and b has shape {list(b.shape)}; b must be [{n}] or "
-                                   f"[{n}, k]", reason="SHAPE_MISMATCH")
+                                   f"[{n}, k]", reason=Reason.SHAPE_MISMATCH)
     if x0 is not None:
         if not isinstance(x0, np.ndarray) or x0.shape != b.shape:
             shape = list(x0.shape) if isinstance(x0, np.ndarray) else list(x0.dense_shape)
             raise InvalidArgumentError(f"x0 has shape {shape}; it must be dense with b's shape {list(b.shape)}",
-                                       reason="SHAPE_MISMATCH")
+                                       reason=Reason.SHAPE_MISMATCH)
     for name, vector in (("b", b), ("x0", x0)):
         if vector is None:
             continue
         if vector.dtype.kind not in "iuf":
             raise InvalidArgumentError(f"{name} has dtype {vector.dtype}; the solvers take real numbers",
-                                       reason="UNSUPPORTED_DTYPE")
+                                       reason=Reason.UNSUPPORTED_DTYPE)
         if vector.dtype.kind == "f" and not np.isfinite(vector).all():
             where = np.argwhere(~np.isfinite(vector))[0].tolist()
             raise InvalidArgumentError(f"{name} has a non-finite value at {where}; {op} needs finite numbers",
-                                       reason="NOT_FINITE")
+                                       reason=Reason.NOT_FINITE)
     return operator
 
 
@@ -342,7 +343,7 @@ def _scipy_solve(op: str, operator: Operator, b, x, rtol, atol, maxiter, precond
         from scipy.sparse import linalg as spla
     except ImportError:
         raise UnimplementedError(f"{op} runs scipy's driver on the server; install scipy there "
-                                 "(pip install scipy)", reason="MISSING_DEPENDENCY") from None
+                                 "(pip install scipy)", reason=Reason.MISSING_DEPENDENCY) from None
     n, dtype = operator.n, operator.dtype
     a = spla.LinearOperator((n, n), matvec=operator.matvec, dtype=dtype)
     m_solve = operator.preconditioner(preconditioner)
@@ -443,7 +444,8 @@ def _on_blocks(op: str, loop: Callable[..., tuple[np.ndarray, int, int]]) -> Cal
             raise UnimplementedError(
                 f"preconditioner 'ilu0' is not available for {op} on a partitioned matrix: its triangular "
                 "solves run row after row through the whole matrix, which the row blocks cannot share out; use "
-                "'jacobi' or 'none', or put the matrix without partitions", reason="PRECONDITIONER_NOT_PARTITIONED")
+                "'jacobi' or 'none', or put the matrix without partitions",
+                reason=Reason.PRECONDITIONER_NOT_PARTITIONED)
         operator = make_operator(_compute_dtype(a, b.dtype))
         return _solve_columns(op, operator, b, x0,
                               lambda bc, xc: loop(operator, bc, xc, rtol, atol, maxiter, preconditioner))
@@ -466,7 +468,7 @@ def gmres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, pr
           restart: int = 20):
     operator = _checked("gmres", a, b, x0, rtol, atol, maxiter, preconditioner)
     if restart < 1:
-        raise InvalidArgumentError(f"restart must be at least 1, not {restart}", reason="BAD_RESTART")
+        raise InvalidArgumentError(f"restart must be at least 1, not {restart}", reason=Reason.BAD_RESTART)
     return _solve_columns("gmres", operator, b, x0, lambda bc, xc: _scipy_solve(
         "gmres", operator, bc, xc, rtol, atol, maxiter, preconditioner, restart=restart))
 
@@ -482,6 +484,6 @@ def minres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, p
     operator = _checked("minres", a, b, x0, rtol, atol, maxiter, preconditioner)
     if atol != 0:
         raise InvalidArgumentError(f"atol must be 0 for minres (scipy's minres stops on rtol only), not {atol}",
-                                   reason="BAD_TOLERANCE")
+                                   reason=Reason.BAD_TOLERANCE)
     return _solve_columns("minres", operator, b, x0, lambda bc, xc: _scipy_solve(
         "minres", operator, bc, xc, rtol, atol, maxiter, preconditioner))

@@ -17,6 +17,7 @@ from sparseserve import kernels
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.validate import INT64_MAX, check_shape
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.reasons import Reason
 from sparseserve.kernels import structure as sk
 from sparseserve.kernels._sort import argsort_stable, gather_rows
 
@@ -40,7 +41,7 @@ def _in_layout_of(out: SparseTensor, t: SparseTensor, op: str) -> SparseTensor:
         return like(out, t)
     except BatchNseError as exc:
         raise InvalidArgumentError(f"{op}: the result cannot be {t.layout}: {exc}",
-                                   reason="BATCH_NSE_MISMATCH") from None
+                                   reason=Reason.BATCH_NSE_MISMATCH) from None
 
 
 def _nbytes(shape, dtype) -> int:
@@ -60,25 +61,25 @@ def _std_plan(sparse_indices: np.ndarray, output_shape: list[int], sparse_values
     idx = np.asarray(sparse_indices)
     if idx.dtype.kind not in "iu":
         raise InvalidArgumentError(f"sparse_indices has dtype {idx.dtype}; it must be an integer type",
-                                   reason="INDEX_DTYPE")
+                                   reason=Reason.INDEX_DTYPE)
     if idx.ndim > 2:
         raise InvalidArgumentError(f"sparse_indices has rank {idx.ndim}; it must be 0-D, 1-D or 2-D",
-                                   reason="INDICES_RANK")
+                                   reason=Reason.INDICES_RANK)
     n = 1 if idx.ndim == 0 else idx.shape[0]
     rank = idx.shape[1] if idx.ndim == 2 else 1
     if rank != len(shape):
         raise InvalidArgumentError(
             f"sparse_indices gives indices of rank {rank} but output_shape = {list(shape)} has rank "
-            f"{len(shape)}", reason="RANK_MISMATCH")
+            f"{len(shape)}", reason=Reason.RANK_MISMATCH)
     values = np.asarray(sparse_values)
     if values.ndim > 1 or (values.ndim == 1 and values.shape[0] != n):
         raise InvalidArgumentError(
             f"sparse_values has shape {list(values.shape)}; it must be a scalar or a vector of the "
-            f"{n} values of sparse_indices", reason="VALUES_SHAPE_MISMATCH")
+            f"{n} values of sparse_indices", reason=Reason.VALUES_SHAPE_MISMATCH)
     if idx.dtype.kind == "u" and idx.size and int(idx.max()) > INT64_MAX:
         pos = tuple(int(i) for i in np.unravel_index(int(np.argmax(idx)), idx.shape))
         raise InvalidArgumentError(f"sparse_indices{list(pos)} = {int(idx[pos])} is out of range for "
-                                   f"output_shape {list(shape)}", reason="INDEX_OUT_OF_RANGE")
+                                   f"output_shape {list(shape)}", reason=Reason.INDEX_OUT_OF_RANGE)
     return _StdPlan(idx.astype(np.int64, copy=False).reshape(n, rank), shape, values)
 
 
@@ -118,7 +119,7 @@ def sparse_to_dense(sparse_indices, output_shape, sparse_values, default_value=0
             i = int(np.argmax(bad.any(axis=1)))
             raise InvalidArgumentError(
                 f"sparse_indices[{i}] = {idx[i].tolist()} is out of range for output_shape "
-                f"{list(shape)}", reason="INDEX_OUT_OF_RANGE")
+                f"{list(shape)}", reason=Reason.INDEX_OUT_OF_RANGE)
     if validate_indices and n > 1:
         check_ordered(idx, shape, "sparse_indices", "sort the indices")
     values = np.broadcast_to(plan.values, (n,))
@@ -129,7 +130,7 @@ def sparse_to_dense(sparse_indices, output_shape, sparse_values, default_value=0
 def _indicator_shape(sp_input: SparseTensor, vocab_size: int) -> tuple[int, ...]:
     if vocab_size < 0:
         raise InvalidArgumentError(f"vocab_size = {vocab_size} must not be negative",
-                                   reason="NEGATIVE_DIMENSION")
+                                   reason=Reason.NEGATIVE_DIMENSION)
     return check_shape((*sp_input.dense_shape[:-1], vocab_size), "output shape")
 
 
@@ -153,7 +154,7 @@ def to_indicator(sp_input: SparseTensor, vocab_size: int) -> np.ndarray:
     if sp_input.dtype.kind not in "iu":
         raise UnimplementedError(
             f"to_indicator needs integer ids; sp_input has dtype {sp_input.dtype.name}",
-            reason="UNSUPPORTED_DTYPE")
+            reason=Reason.UNSUPPORTED_DTYPE)
     _indicator_shape(sp_input, vocab_size)
     ids = sp_input.values
     if ids.size:
@@ -163,7 +164,7 @@ def to_indicator(sp_input: SparseTensor, vocab_size: int) -> np.ndarray:
             pos = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
             raise InvalidArgumentError(
                 f"sp_input.values[{', '.join(map(str, pos))}] = {int(ids[pos])} is out of range "
-                f"for vocab_size = {vocab_size}", reason="VALUE_OUT_OF_RANGE")
+                f"for vocab_size = {vocab_size}", reason=Reason.VALUE_OUT_OF_RANGE)
     view = coo_view(sp_input)
     return sk.to_indicator(view.indices, view.values.astype(np.int64, copy=False), sp_input.dense_shape,
                            vocab_size)
@@ -180,7 +181,7 @@ class _ConcatPlan:
 
 def _concat_plan(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims: bool) -> _ConcatPlan:
     if not sp_inputs:
-        raise InvalidArgumentError("sp_inputs must hold at least one tensor", reason="EMPTY_LIST")
+        raise InvalidArgumentError("sp_inputs must hold at least one tensor", reason=Reason.EMPTY_LIST)
     first = sp_inputs[0]
     rank, sparse_ndim, dtype = first.ndim, view_sparse_ndim(first), first.dtype
     for i, t in enumerate(sp_inputs[1:], 1):
@@ -189,21 +190,21 @@ def _concat_plan(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims
                 f"concat does not support mixing layouts: sp_inputs[{i}] is {t.layout}"
                 f"{'' if t.blocksize is None else f' (blocksize {list(t.blocksize)})'} but sp_inputs[0] is "
                 f"{first.layout}{'' if first.blocksize is None else f' (blocksize {list(first.blocksize)})'}; "
-                "every input must share one layout", reason="UNSUPPORTED_LAYOUT")
+                "every input must share one layout", reason=Reason.UNSUPPORTED_LAYOUT)
         if t.ndim != rank:
             raise InvalidArgumentError(f"sp_inputs[{i}] has rank {t.ndim} but sp_inputs[0] has rank {rank}",
-                                       reason="RANK_MISMATCH")
+                                       reason=Reason.RANK_MISMATCH)
         if view_sparse_ndim(t) != sparse_ndim:
             raise InvalidArgumentError(
                 f"sp_inputs[{i}] has {view_sparse_ndim(t)} sparse dimensions but sp_inputs[0] has "
-                f"{sparse_ndim}", reason="SPARSE_DIM_MISMATCH")
+                f"{sparse_ndim}", reason=Reason.SPARSE_DIM_MISMATCH)
         if t.dtype != dtype:
             raise InvalidArgumentError(
                 f"sp_inputs[{i}] has dtype {t.dtype.name} but sp_inputs[0] has {dtype.name}",
-                reason="DTYPE_MISMATCH")
+                reason=Reason.DTYPE_MISMATCH)
     if not -rank <= axis < rank:
         raise InvalidArgumentError(f"axis = {axis} is out of range for rank {rank}",
-                                   reason="AXIS_OUT_OF_RANGE")
+                                   reason=Reason.AXIS_OUT_OF_RANGE)
     axis %= rank
     shape = []
     for d in range(rank):
@@ -218,7 +219,7 @@ def _concat_plan(axis: int, sp_inputs: list[SparseTensor], expand_nonconcat_dims
                     raise InvalidArgumentError(
                         f"sp_inputs[{i}].dense_shape[{d}] = {dim} differs from sp_inputs[0]"
                         f".dense_shape[{d}] = {dims[0]}; only axis {axis} may differ (or pass "
-                        "expand_nonconcat_dims=true)", reason="SHAPE_MISMATCH")
+                        "expand_nonconcat_dims=true)", reason=Reason.SHAPE_MISMATCH)
             shape.append(dims[0])
     shape = check_shape(shape, "output dense_shape")
     # Row-major keys run over the sparse dimensions: they must fit int64 even when a dense
@@ -336,7 +337,7 @@ def fill_empty_rows(sp_input: SparseTensor, default_value):
     if k and any(d == 0 for d in sp_input.dense_shape[1:s]):
         raise InvalidArgumentError(
             f"sp_input.dense_shape = {list(sp_input.dense_shape)} has an empty sparse dimension, so "
-            "there is no index [row, 0, ...] for the empty rows", reason="EMPTY_DIMENSION")
+            "there is no index [row, 0, ...] for the empty rows", reason=Reason.EMPTY_DIMENSION)
     new_indices = np.zeros((k, s), np.int64)
     new_indices[:, 0] = new_rows
     new_values = np.full((k, *sp_input.values.shape[1:]), default, sp_input.dtype)
@@ -366,14 +367,14 @@ def _select_plan(sp_input: SparseTensor, index: list) -> _SelectPlan:
     shape, s = sp_input.dense_shape, view_sparse_ndim(sp_input)
     if len(index) > len(shape):
         raise InvalidArgumentError(f"index has {len(index)} items but sp_input has rank {len(shape)}",
-                                   reason="TOO_MANY_INDICES")
+                                   reason=Reason.TOO_MANY_INDICES)
     items = list(index) + [slice(None)] * (len(shape) - len(index))
     start, step, length, keep, out_shape = [], [], [], [], []
     for d, (item, dim) in enumerate(zip(items, shape)):
         if isinstance(item, slice):
             if item.step is not None and item.step <= 0:
                 raise InvalidArgumentError(f"index[{d}] has step {item.step}; steps must be positive",
-                                           reason="BAD_SLICE_STEP")
+                                           reason=Reason.BAD_SLICE_STEP)
             b, e, st = item.indices(dim)
             n = len(range(b, e, st))
             st = min(st, max(dim, 1))  # same progression (n <= 1 past dim), and it fits int64
@@ -386,7 +387,7 @@ def _select_plan(sp_input: SparseTensor, index: list) -> _SelectPlan:
             i = int(item)
             if not -dim <= i < dim:
                 raise InvalidArgumentError(f"index[{d}] = {i} is out of range for dense_shape[{d}] = {dim}",
-                                           reason="INDEX_OUT_OF_RANGE")
+                                           reason=Reason.INDEX_OUT_OF_RANGE)
             i %= dim
             start.append(i)
             step.append(1)
@@ -450,7 +451,7 @@ def select(sp_input: SparseTensor, index: list):
                 raise InvalidArgumentError(
                     f"index leaves compressed dimensions {kept}, which blocksize {[br, bc]} of the "
                     f"{sp_input.layout} sp_input does not divide; slice whole blocks (lengths that are "
-                    "multiples of the blocksize)", reason="BLOCKSIZE")
+                    "multiples of the blocksize)", reason=Reason.BLOCKSIZE)
         return _in_layout_of(out, sp_input, "select")
     s = sp_input.sparse_ndim
     rows, new_indices = sk.select(sp_input.indices, plan.start[:s], plan.step[:s], plan.length[:s],
