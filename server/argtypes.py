@@ -220,11 +220,12 @@ SCALAR = ArgType("scalar", {"oneOf": [{"type": "number"}, {"type": "boolean"}, _
 
 # ------------------------------------------------------------------ choices
 def choice(*words: str, reason: Reason, aliases: Mapping[str, str] | None = None, fold_case: bool = False,
-           explain: Callable[[str, str], SparseServeError | None] | None = None) -> ArgType:
+           hint: str = "", explain: Callable[[str, str], SparseServeError | None] | None = None) -> ArgType:
     """A string that must be one of ``words`` (or one of ``aliases``, which name a word): the
     canonical word is what ``check`` receives. ``fold_case`` takes any case. Anything else is
-    INVALID_ARGUMENT with ``reason``, the message naming every word, unless ``explain(value,
-    name)`` has a better error for it (map_values names what a function does to zero)."""
+    INVALID_ARGUMENT with ``reason``, the message naming every word (and ``hint``, what to do
+    instead), unless ``explain(value, name)`` has a better error for it (map_values names what
+    a function does to zero)."""
     aliases = dict(aliases or {})
 
     def coerce(value: Any, name: str) -> str:
@@ -236,7 +237,8 @@ def choice(*words: str, reason: Reason, aliases: Mapping[str, str] | None = None
         better = explain(text, name) if explain is not None else None
         if better is not None:
             raise better
-        raise InvalidArgumentError(f"{name} must be one of {', '.join(words)}, not {text!r}", reason=reason)
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(words)}, not {text!r}"
+                                   + (f"; {hint}" if hint else ""), reason=reason)
 
     accepted = (*words, *sorted(aliases))
     return ArgType("string", {"type": "string", "enum": list(accepted)}, coerce, choices=accepted)

@@ -9,8 +9,9 @@ from typing import Any, Iterable
 import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
+from sparseserve.kernels import linalg as lk
 
-__all__ = ["INT32_MAX", "prod", "shape_of", "index_dtype", "layout_of"]
+__all__ = ["INT32_MAX", "prod", "shape_of", "index_dtype", "layout_of", "product_dtype", "as_product_dtype"]
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -41,3 +42,22 @@ def index_dtype(wanted: Any, *limits: int) -> np.dtype:
     count and dimensions), as PyTorch widens a compressed tensor's indices."""
     dtype = np.dtype(wanted)
     return np.dtype(np.int64) if dtype == np.int32 and max(limits, default=0) > INT32_MAX else dtype
+
+
+def product_dtype(dtype: Any) -> np.dtype:
+    """The dtype the product kernels (``kernels.linalg``: matmul, hspmm's SpMM) run ``dtype`` in:
+    one of ``COMPUTE_DTYPES`` as it is, float16 in float32, narrower integers and uint64 in int64
+    (they wrap identically there). bool is the ops' to refuse first."""
+    dtype = np.dtype(dtype)
+    if dtype.name in lk.COMPUTE_DTYPES:
+        return dtype
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(np.int64)
+
+
+def as_product_dtype(a: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """``a`` contiguous in the ``product_dtype`` of ``dtype`` (default: its own), uint64
+    reinterpreted as int64 rather than converted."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.uint64:
+        return a.view(np.int64)
+    return a.astype(product_dtype(a.dtype if dtype is None else dtype), copy=False)

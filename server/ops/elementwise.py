@@ -2,10 +2,12 @@
 
 Arguments follow TensorFlow (tf.SparseTensor.with_values, tf.sparse.retain,
 SparseDenseCwiseMul/Div behind SparseTensor.__mul__/__div__, tf.sparse.add,
-tf.sparse.map_values). Every shape rule a kernel relies on is checked here
-first. Result dtypes of two-operand ops are numpy's ``result_type`` of the two
-operands' dtypes (TensorFlow requires equal dtypes; with equal dtypes the
-result is that dtype).
+tf.sparse.map_values). Each op's ``check`` makes its refusals from metadata
+(shapes, dtypes, layouts, arguments) before any kernel, on every device; the
+kernels raise only what the entries decide (a zero divisor at a stored entry,
+batches a retain or a compressed sum would leave unequal). Result dtypes of
+two-operand ops are numpy's ``result_type`` of the two operands' dtypes
+(TensorFlow requires equal dtypes; with equal dtypes the result is that dtype).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from sparseserve.core.reasons import Reason
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import elementwise as ek
 
-from ..argtypes import DENSE, FLOAT, SPARSE, STRING, TENSOR
+from ..argtypes import DENSE, FLOAT, SPARSE, TENSOR, choice
 from ..device import Fallback
 from ..partition import Rowwise
-from ..registry import REGISTRY, Arg, Output
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
+from ._sputils import shape_of
 from ._layouts import (SPARSE_LAYOUTS, BatchNseError, coo_view, entry_indices, entry_values, keep_entries,
                        like, view_nnz, view_sparse_ndim, with_entry_values)
 
@@ -44,11 +47,16 @@ def _same_structure(sp_input: SparseTensor, values: np.ndarray) -> SparseTensor:
     return with_entry_values(sp_input, values)
 
 
-def _shape(shape) -> list[int]:
-    return [int(d) for d in shape]
-
-
 # ------------------------------------------------------------------ with_values
+def check_with_values(sp_input: SparseTensor, new_values: np.ndarray) -> Plan:
+    want = tuple(sp_input.values.shape)
+    if tuple(new_values.shape) != want:
+        raise InvalidArgumentError(
+            f"new_values has shape {shape_of(new_values)}, but sp_input.values has shape "
+            f"{list(want)}; they must be equal", reason=Reason.VALUES_SHAPE_MISMATCH)
+    return Plan(dtype=new_values.dtype, layout=sp_input.layout, shape=sp_input.dense_shape)
+
+
 @REGISTRY.op(
     "with_values",
     doc="""Returns sp_input with its values replaced by new_values (tf.SparseTensor.with_values).
@@ -59,32 +67,36 @@ dims]), in storage order (torch's values()); the layout and structure are kept."
     args=[SP_INPUT,
           Arg("new_values", DENSE, "The new values, shape [nnz, *dense dims].", layouts=("dense",))],
     outputs=[Output("output", "sparse", "Same indices and shape, new values.")],
+    check=check_with_values,
 )
 def with_values(sp_input: SparseTensor, new_values: np.ndarray) -> SparseTensor:
-    want = tuple(sp_input.values.shape)
-    if tuple(new_values.shape) != want:
-        raise InvalidArgumentError(
-            f"new_values has shape {_shape(new_values.shape)}, but sp_input.values has shape "
-            f"{_shape(want)}; they must be equal", reason=Reason.VALUES_SHAPE_MISMATCH)
     return _same_structure(sp_input, np.array(new_values, copy=True))
 
 
-def _with_values_on_gpu(sp_input, new_values, **_) -> str | None:
-    if sp_input.layout != "coo":
-        return "layout"
-    want = (sp_input.nnz, *sp_input.dense_shape[sp_input.sparse_ndim:])
-    if tuple(new_values.shape) != want:
-        return "shape"
-    return None if _gpu.native(sp_input, new_values) else "dtype"
-
-
-@REGISTRY.gpu("with_values", supports=_with_values_on_gpu)
+@REGISTRY.gpu("with_values", layouts={"sp_input": ("coo",)})
 @_gpu.quiet
 def with_values_gpu(be, sp_input: SparseTensor, new_values) -> SparseTensor:
     return _gpu.same_structure(sp_input, be.xp.array(new_values, copy=True))
 
 
 # ----------------------------------------------------------------------- retain
+def check_retain(sp_input: SparseTensor, to_retain: np.ndarray) -> Plan:
+    if to_retain.dtype != np.bool_:
+        raise InvalidArgumentError(f"to_retain has dtype {to_retain.dtype}; it must be bool",
+                                   reason=Reason.BAD_DTYPE)
+    if sp_input.layout != "coo":
+        want = list(sp_input.values.shape[:sp_input.batch_ndim + 1])
+        if shape_of(to_retain) != want:
+            raise InvalidArgumentError(
+                f"to_retain has shape {shape_of(to_retain)}; it must be {want}, one flag per stored entry of "
+                f"sp_input ({sp_input.layout}: [*batch, nse])", reason=Reason.SHAPE_MISMATCH)
+    elif to_retain.ndim != 1 or to_retain.shape[0] != sp_input.nnz:
+        raise InvalidArgumentError(
+            f"to_retain has shape {shape_of(to_retain)}; it must be [{sp_input.nnz}], one flag per "
+            "entry of sp_input", reason=Reason.SHAPE_MISMATCH)
+    return Plan(dtype=sp_input.dtype, layout=sp_input.layout, shape=sp_input.dense_shape)
+
+
 @REGISTRY.op(
     "retain",
     doc="""Keeps the entries of sp_input where to_retain is true (tf.sparse.retain).
@@ -96,50 +108,41 @@ batch must keep the same number of entries (INVALID_ARGUMENT, BATCH_NSE_MISMATCH
     args=[SP_INPUT,
           Arg("to_retain", DENSE, "bool [nnz]: which entries to keep.", layouts=("dense",))],
     outputs=[Output("output", "sparse", "The retained entries, same dense_shape.")],
+    check=check_retain,
 )
 def retain(sp_input: SparseTensor, to_retain: np.ndarray) -> SparseTensor:
-    if to_retain.dtype != np.bool_:
-        raise InvalidArgumentError(f"to_retain has dtype {to_retain.dtype}; it must be bool",
-                                   reason=Reason.BAD_DTYPE)
     if sp_input.layout != "coo":
-        want = tuple(sp_input.values.shape[:sp_input.batch_ndim + 1])
-        if tuple(to_retain.shape) != want:
-            raise InvalidArgumentError(
-                f"to_retain has shape {_shape(to_retain.shape)}; it must be {_shape(want)}, one flag per "
-                f"stored entry of sp_input ({sp_input.layout}: [*batch, nse])", reason=Reason.SHAPE_MISMATCH)
         try:
             return keep_entries(sp_input, to_retain)
-        except BatchNseError as exc:
+        except BatchNseError as exc:  # which entries are kept decides it: the kernel's to say
             raise InvalidArgumentError(f"retain: to_retain keeps a different number of entries in "
                                        f"the batches of sp_input: {exc}", reason=Reason.BATCH_NSE_MISMATCH) from None
-    if to_retain.ndim != 1 or to_retain.shape[0] != sp_input.nnz:
-        raise InvalidArgumentError(
-            f"to_retain has shape {_shape(to_retain.shape)}; it must be [{sp_input.nnz}], one flag per "
-            "entry of sp_input", reason=Reason.SHAPE_MISMATCH)
     keep = np.flatnonzero(to_retain)
     return SparseTensor(indices=sp_input.indices[keep], values=sp_input.values[keep],
                         dense_shape=sp_input.dense_shape, coalesced=sp_input.coalesced)
 
 
 # -------------------------------------------------------------------- mul / div
-def _check_broadcast(sp_input: SparseTensor, dense: np.ndarray) -> None:
+def check_mul(sp_input: SparseTensor, dense: np.ndarray) -> Plan:
+    """dense broadcasts to sp_input's shape; the result dtype (the kernels' ``dtype``)."""
     shape = tuple(sp_input.dense_shape)
     # As TensorFlow's SparseDenseCwise ops: a dense dimension of 1 does not stretch to an empty one.
     ok = dense.ndim <= len(shape) and all(
         d == s or (d == 1 and s != 0) for d, s in zip(reversed(dense.shape), reversed(shape)))
     if not ok:
         raise InvalidArgumentError(
-            f"dense has shape {_shape(dense.shape)}, which does not broadcast to sp_input.dense_shape "
+            f"dense has shape {shape_of(dense)}, which does not broadcast to sp_input.dense_shape "
             f"{list(shape)} (only the dense side is broadcast; a 1 does not broadcast to a 0)",
             reason=Reason.SHAPE_MISMATCH)
-
-
-def _cwise(sp_input: SparseTensor, dense: np.ndarray, indices: np.ndarray):
-    """(result dtype, dense at each stored element); ``indices`` are ``entry_indices(sp_input)``."""
-    _check_broadcast(sp_input, dense)
     dtype = np.result_type(sp_input.dtype, dense.dtype)
-    operand = ek.gather_operand(indices, dense, sp_input.ndim)
-    return dtype, operand
+    return Plan(args={"dtype": dtype}, dtype=dtype, layout=sp_input.layout, shape=shape)
+
+
+def check_div(sp_input: SparseTensor, dense: np.ndarray) -> Plan:
+    if np.result_type(sp_input.dtype, dense.dtype) == np.bool_:
+        raise UnimplementedError("div does not support bool / bool; cast the values to a number type",
+                                 reason=Reason.UNSUPPORTED_DTYPE)
+    return check_mul(sp_input, dense)
 
 
 _CWISE_DOC = """The dense operand is broadcast (numpy rules) to sp_input's shape, never the other way
@@ -159,14 +162,14 @@ dense dimensions too. Result dtype: numpy's result_type of the two dtypes.""" + 
           Arg("dense", DENSE, "Dense operand, broadcastable to sp_input.dense_shape.",
               layouts=("dense",))],
     outputs=[Output("output", "sparse", "sp_input's indices with the products.")],
+    check=check_mul,
 )
-def mul(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
-    _check_broadcast(sp_input, dense)
+def mul(sp_input: SparseTensor, dense: np.ndarray, dtype: np.dtype) -> SparseTensor:
     indices, values = entry_indices(sp_input), entry_values(sp_input)
     fused = ek.multiply_stored(indices, values, dense, sp_input.ndim)
     if fused is not None:
         return _same_structure(sp_input, fused)
-    dtype, operand = _cwise(sp_input, dense, indices)
+    operand = ek.gather_operand(indices, dense, sp_input.ndim)  # dense at each stored element
     return _same_structure(sp_input, ek.multiply(values, operand, dtype))
 
 
@@ -182,14 +185,11 @@ def mul(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
           Arg("dense", DENSE, "Dense divisor, broadcastable to sp_input.dense_shape.",
               layouts=("dense",))],
     outputs=[Output("output", "sparse", "sp_input's indices with the quotients.")],
+    check=check_div,
 )
-def div(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
-    dtype = np.result_type(sp_input.dtype, dense.dtype)
-    if dtype == np.bool_:
-        raise UnimplementedError("div does not support bool / bool; cast the values to a number type",
-                                 reason=Reason.UNSUPPORTED_DTYPE)
+def div(sp_input: SparseTensor, dense: np.ndarray, dtype: np.dtype) -> SparseTensor:
     indices, values = entry_indices(sp_input), entry_values(sp_input)
-    dtype, operand = _cwise(sp_input, dense, indices)
+    operand = ek.gather_operand(indices, dense, sp_input.ndim)  # dense at each stored element
     pos = ek.first_zero(operand, values.shape)  # every dtype, as TensorFlow's SparseDenseCwiseDiv
     if pos is not None:
         entry, inner = pos[0], pos[1:]
@@ -206,21 +206,6 @@ def div(sp_input: SparseTensor, dense: np.ndarray) -> SparseTensor:
 # key (the CPU's gather_operand), then numpy's arithmetic rules over the device arrays. Complex
 # division runs on the CPU (CUDA's complex quotient rounds and treats inf/nan differently from
 # numpy's), as do divisions by zero (the CPU kernel names the entry).
-def _cwise_on_gpu(sp_input, dense, **_) -> str | None:
-    if sp_input.layout != "coo":
-        return "layout"
-    if _gpu.refused(_check_broadcast, sp_input, dense):
-        return "shape"
-    return None if _gpu.native(sp_input, dense) else "dtype"
-
-
-def _div_on_gpu(sp_input, dense, **_) -> str | None:
-    dtype = np.result_type(sp_input.dtype, dense.dtype)
-    if dtype == np.bool_ or dtype.kind == "c":
-        return "dtype"
-    return _cwise_on_gpu(sp_input, dense)
-
-
 def _gather_operand_gpu(xp, sp_input: SparseTensor, dense):
     """The CPU's ek.gather_operand over device arrays: dense's row at each entry's broadcast
     index, ``[nnz, *padded dense shape[sparse_ndim:]]``."""
@@ -235,11 +220,10 @@ def _gather_operand_gpu(xp, sp_input: SparseTensor, dense):
     return rows[keys]
 
 
-@REGISTRY.gpu("mul", supports=_cwise_on_gpu)
+@REGISTRY.gpu("mul", layouts={"sp_input": ("coo",)})
 @_gpu.quiet
-def mul_gpu(be, sp_input: SparseTensor, dense) -> SparseTensor:
+def mul_gpu(be, sp_input: SparseTensor, dense, dtype: np.dtype) -> SparseTensor:
     xp = be.xp
-    dtype = np.result_type(sp_input.dtype, dense.dtype)
     operand = _gather_operand_gpu(xp, sp_input, dense)
     if dtype == np.bool_:
         out = xp.logical_and(sp_input.values, operand)
@@ -248,11 +232,11 @@ def mul_gpu(be, sp_input: SparseTensor, dense) -> SparseTensor:
     return _gpu.same_structure(sp_input, out)
 
 
-@REGISTRY.gpu("div", supports=_div_on_gpu)
+@REGISTRY.gpu("div", layouts={"sp_input": ("coo",)},
+              declines=lambda plan: "dtype" if plan.dtype.kind == "c" else None)
 @_gpu.quiet
-def div_gpu(be, sp_input: SparseTensor, dense) -> SparseTensor:
+def div_gpu(be, sp_input: SparseTensor, dense, dtype: np.dtype) -> SparseTensor:
     xp = be.xp
-    dtype = np.result_type(sp_input.dtype, dense.dtype)
     operand = _gather_operand_gpu(xp, sp_input, dense)
     values = sp_input.values
     a, b = values.astype(dtype), operand.astype(dtype)
@@ -275,11 +259,39 @@ def div_gpu(be, sp_input: SparseTensor, dense) -> SparseTensor:
 
 
 # -------------------------------------------------------------------------- add
-def _add_bytes(a, b, threshold=0, **_) -> int:
-    try:
-        dtype = np.result_type(a.dtype, b.dtype)
-    except TypeError:
-        return 0
+def check_add(a, b, threshold: float = 0.0) -> Plan:
+    """Shapes equal, at least one operand sparse, sparse operands in one layout (blocksize) and
+    with one sparse_ndim; the result dtype (the kernels' ``dtype``) and layout."""
+    a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
+    if not a_sparse and not b_sparse:
+        raise UnimplementedError("add needs at least one sparse operand; for dense + dense use a "
+                                 "dense library", reason=Reason.UNSUPPORTED_LAYOUT)
+    if math.isnan(threshold) or threshold < 0:
+        raise InvalidArgumentError(f"threshold = {threshold} must be a non-negative magnitude",
+                                   reason=Reason.VALUE_OUT_OF_RANGE)
+    if shape_of(a) != shape_of(b):
+        raise InvalidArgumentError(
+            f"a has shape {shape_of(a)} and b has shape {shape_of(b)}; add needs equal shapes "
+            "(no broadcasting)", reason=Reason.SHAPE_MISMATCH)
+    dtype = np.result_type(a.dtype, b.dtype)
+    if a_sparse and b_sparse:
+        if a.layout != b.layout or tuple(a.blocksize or ()) != tuple(b.blocksize or ()):
+            what = {t.layout if t.layout not in ("bsr", "bsc") else f"{t.layout} (blocksize "
+                    f"{list(t.blocksize)})" for t in (a, b)}
+            raise UnimplementedError(
+                f"add does not support a {' + '.join(sorted(what))} sum: a is {a.layout} and b is "
+                f"{b.layout}; sparse operands must share one layout (and blocksize)",
+                reason=Reason.UNSUPPORTED_LAYOUT)
+        s_a, s_b = view_sparse_ndim(a), view_sparse_ndim(b)
+        if s_a != s_b:
+            raise InvalidArgumentError(
+                f"a has {s_a} sparse dimensions and b has {s_b}; they must be "
+                "equal", reason=Reason.SPARSE_DIM_MISMATCH)
+    layout = a.layout if a_sparse and b_sparse else "dense"
+    return Plan(args={"dtype": dtype}, dtype=dtype, layout=layout, shape=shape_of(a))
+
+
+def _add_bytes(a, b, dtype: np.dtype, threshold=0, **_) -> int:
     if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
         s = view_sparse_ndim(a)
         inner = int(np.prod(a.dense_shape[s:], dtype=object))
@@ -317,36 +329,11 @@ operand plus a dense one gives a dense result.""",
           Arg("threshold", FLOAT, "Magnitude a sum of two entries must reach to be kept "
               "(non-negative; entries of one operand alone are always kept).", default=0.0)],
     outputs=[Output("output", "sparse", "Sparse for sparse + sparse, dense when an operand is dense.")],
+    check=check_add,
     result_bytes=_add_bytes,
 )
-def add(a, b, threshold: float = 0.0):
-    a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
-    if not a_sparse and not b_sparse:
-        raise UnimplementedError("add needs at least one sparse operand; for dense + dense use a "
-                                 "dense library", reason=Reason.UNSUPPORTED_LAYOUT)
-    if math.isnan(threshold) or threshold < 0:
-        raise InvalidArgumentError(f"threshold = {threshold} must be a non-negative magnitude",
-                                   reason=Reason.VALUE_OUT_OF_RANGE)
-    a_shape = list(a.dense_shape) if a_sparse else _shape(a.shape)
-    b_shape = list(b.dense_shape) if b_sparse else _shape(b.shape)
-    if a_shape != b_shape:
-        raise InvalidArgumentError(
-            f"a has shape {a_shape} and b has shape {b_shape}; add needs equal shapes "
-            "(no broadcasting)", reason=Reason.SHAPE_MISMATCH)
-    dtype = np.result_type(a.dtype, b.dtype)
-    if a_sparse and b_sparse:
-        if a.layout != b.layout or tuple(a.blocksize or ()) != tuple(b.blocksize or ()):
-            what = {t.layout if t.layout not in ("bsr", "bsc") else f"{t.layout} (blocksize "
-                    f"{list(t.blocksize)})" for t in (a, b)}
-            raise UnimplementedError(
-                f"add does not support a {' + '.join(sorted(what))} sum: a is {a.layout} and b is "
-                f"{b.layout}; sparse operands must share one layout (and blocksize)",
-                reason=Reason.UNSUPPORTED_LAYOUT)
-        s_a, s_b = view_sparse_ndim(a), view_sparse_ndim(b)
-        if s_a != s_b:
-            raise InvalidArgumentError(
-                f"a has {s_a} sparse dimensions and b has {s_b}; they must be "
-                "equal", reason=Reason.SPARSE_DIM_MISMATCH)
+def add(a, b, dtype: np.dtype, threshold: float = 0.0):
+    if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
         va, vb = coo_view(a), coo_view(b)
         indices, values = _sparse_add(va, vb, dtype, threshold)
         out = SparseTensor(indices=indices, values=values, dense_shape=a.dense_shape,
@@ -356,10 +343,10 @@ def add(a, b, threshold: float = 0.0):
         ref = a if a.compressed_indices.dtype.itemsize >= b.compressed_indices.dtype.itemsize else b
         try:
             return like(out, ref)
-        except BatchNseError as exc:
+        except BatchNseError as exc:  # where the entries fall decides it: the kernel's to say
             raise InvalidArgumentError(f"add: the sum of a and b cannot be {a.layout}: {exc}",
                                        reason=Reason.BATCH_NSE_MISMATCH) from None
-    sp, dense = (a, b) if a_sparse else (b, a)
+    sp, dense = (a, b) if isinstance(a, SparseTensor) else (b, a)
     sp = coo_view(sp)
     return ek.add_dense(sp.indices, sp.values, sp.dense_shape, dense, dtype)
 
@@ -414,33 +401,16 @@ def _sparse_add(a: SparseTensor, b: SparseTensor, dtype: np.dtype, threshold: fl
 # coalesced entries into a copy of the dense operand. Complex sums with a threshold run on the
 # CPU (|z| is rounded differently by CUDA, and the threshold is a sharp edge). Compressed
 # operands run on the CPU.
-def _add_on_gpu(a, b, threshold=0.0, **_) -> str | None:
-    a_sparse, b_sparse = _gpu.is_sparse(a), _gpu.is_sparse(b)
-    if not a_sparse and not b_sparse:
-        return "argument"
-    if (a_sparse and a.layout != "coo") or (b_sparse and b.layout != "coo"):
-        return "layout"
-    if math.isnan(threshold) or threshold < 0:
-        return "argument"
-    a_shape = list(a.dense_shape) if a_sparse else _shape(a.shape)
-    b_shape = list(b.dense_shape) if b_sparse else _shape(b.shape)
-    if a_shape != b_shape:
-        return "shape"
-    if a_sparse and b_sparse and a.sparse_ndim != b.sparse_ndim:
-        return "shape"
-    if not _gpu.native(a, b):
-        return "dtype"
-    dtype = np.result_type(a.dtype, b.dtype)
-    if dtype.kind == "c" and threshold > 0 and a_sparse and b_sparse:
-        return "dtype"
-    return None
+def _add_declines(plan: Plan) -> str | None:
+    a, b, threshold = plan.args["a"], plan.args["b"], plan.args["threshold"]
+    both = isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
+    return "dtype" if both and plan.dtype.kind == "c" and threshold > 0 else None
 
 
-@REGISTRY.gpu("add", supports=_add_on_gpu)
+@REGISTRY.gpu("add", layouts={"a": ("coo", "dense"), "b": ("coo", "dense")}, declines=_add_declines)
 @_gpu.quiet
-def add_gpu(be, a, b, threshold: float = 0.0):
+def add_gpu(be, a, b, dtype: np.dtype, threshold: float = 0.0):
     xp = be.xp
-    dtype = np.result_type(a.dtype, b.dtype)
     if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
         s = a.sparse_ndim
         for t in (a, b):
@@ -509,8 +479,19 @@ _NOT_ZERO_PRESERVING = {
 _INT_TO_FLOAT = np.float32
 
 
-def _map_name(fn: str) -> str:
-    return _ALIASES.get(fn.lower(), fn.lower())
+def _not_zero_preserving(fn: str, name: str) -> InvalidArgumentError | None:
+    """The error for a function users ask for that moves zero (cos, exp, ...)."""
+    key = fn.lower()
+    if key not in _NOT_ZERO_PRESERVING:
+        return None
+    return InvalidArgumentError(
+        f"{name} = {fn!r}: {key}(0) = {_NOT_ZERO_PRESERVING[key]} != 0, so map_values({key}) would change "
+        "every implicit zero; densify with to_dense first and apply it to the dense tensor",
+        reason=Reason.NOT_ZERO_PRESERVING)
+
+
+MAP_FUNCTION = choice(*MAP_FUNCTIONS, reason=Reason.UNKNOWN_FUNCTION, aliases=_ALIASES, fold_case=True,
+                      hint="for other functions densify with to_dense first", explain=_not_zero_preserving)
 
 
 def _check_exponent(name: str, exponent) -> None:
@@ -634,12 +615,19 @@ def _map_refusal(name: str, dtype: np.dtype) -> str | None:
     return None
 
 
-def _map(fn: str, values: np.ndarray, exponent=None) -> np.ndarray:
-    dtype, kind = values.dtype, values.dtype.kind
-    why = _map_refusal(fn, dtype)
+def check_map_values(sp_input: SparseTensor, fn: str, exponent: float | None = None) -> Plan:
+    """fn (a canonical name: the argument type resolved aliases and case) takes the values'
+    dtype, and exponent is pow's alone."""
+    _check_exponent(fn, exponent)
+    why = _map_refusal(fn, sp_input.dtype)
     if why is not None:
-        raise UnimplementedError(f"map_values({fn}) does not support {dtype.name} values: {why}",
+        raise UnimplementedError(f"map_values({fn}) does not support {sp_input.dtype.name} values: {why}",
                                  reason=Reason.UNSUPPORTED_DTYPE)
+    return Plan(layout=sp_input.layout, shape=sp_input.dense_shape)
+
+
+def _map(fn: str, values: np.ndarray, exponent=None) -> np.ndarray:
+    kind = values.dtype.kind
     with np.errstate(all="ignore"):
         if fn in _SPECIAL or fn in _PREDICATES or fn in _TORCH:
             import scipy.special
@@ -692,24 +680,13 @@ IEEE (sqrt(-1) = nan, atanh(1) = inf, erfinv(1) = inf). Where TensorFlow and PyT
 the function's own library decides: sign(nan) is nan (tf.math.sign; torch.sign gives 0), and
 sgn(nan) is 0 (torch.sgn). PyTorch's pow accepts a negative exponent on sparse tensors (x ** -1
 at the stored entries only); here it is refused, as it is not zero-preserving.""" + _LAYOUTS_DOC,
-    args=[SP_INPUT, Arg("fn", STRING, "Name of a zero-preserving function."),
+    args=[SP_INPUT, Arg("fn", MAP_FUNCTION, "Name of a zero-preserving function."),
           Arg("exponent", FLOAT, "The exponent of fn = 'pow' (positive); only for pow.", default=None)],
     outputs=[Output("output", "sparse", "Same indices and shape, mapped values.")],
+    check=check_map_values,
 )
 def map_values(sp_input: SparseTensor, fn: str, exponent: float | None = None) -> SparseTensor:
-    name = _map_name(fn)
-    if name not in MAP_FUNCTIONS:
-        if name in _NOT_ZERO_PRESERVING:
-            raise InvalidArgumentError(
-                f"fn = {fn!r}: {name}(0) = {_NOT_ZERO_PRESERVING[name]} != 0, so map_values({name}) "
-                "would change every implicit zero; densify with to_dense first and apply it to the "
-                "dense tensor", reason=Reason.NOT_ZERO_PRESERVING)
-        raise InvalidArgumentError(
-            f"fn = {fn!r} is not a zero-preserving function map_values knows; it accepts "
-            f"{', '.join(MAP_FUNCTIONS)}. For other functions densify with to_dense first",
-            reason=Reason.UNKNOWN_FUNCTION)
-    _check_exponent(name, exponent)
-    return _same_structure(sp_input, _map(name, sp_input.values, exponent))
+    return _same_structure(sp_input, _map(fn, sp_input.values, exponent))
 
 
 # map_values on the GPU: the same numpy ufuncs from the device namespace, and the same
@@ -722,24 +699,16 @@ _GPU_MAP = {"neg": "negative", "abs": "abs", "sign": "sign", "square": "square",
             "atanh": "arctanh", "expm1": "expm1", "log1p": "log1p", "deg2rad": "deg2rad", "rad2deg": "rad2deg"}
 
 
-def _map_values_on_gpu(sp_input, fn, exponent=None, **_) -> str | None:
-    if sp_input.layout != "coo":
-        return "layout"
-    name = _map_name(fn)
-    if name not in MAP_FUNCTIONS or _gpu.refused(_check_exponent, name, exponent):
-        return "argument"
-    if _map_refusal(name, sp_input.dtype) is not None:
-        return "argument"
-    if sp_input.dtype.kind == "c" and name in ("sign", "sgn", "pow", "angle", *_ANALYTIC):
-        return "dtype"
-    return None if _gpu.native(sp_input) else "dtype"
+def _map_values_declines(plan: Plan) -> str | None:
+    complex_values = plan.args["sp_input"].dtype.kind == "c"
+    return "dtype" if complex_values and plan.args["fn"] in ("sign", "sgn", "pow", "angle", *_ANALYTIC) else None
 
 
-@REGISTRY.gpu("map_values", supports=_map_values_on_gpu)
+@REGISTRY.gpu("map_values", layouts={"sp_input": ("coo",)}, declines=_map_values_declines)
 @_gpu.quiet
 def map_values_gpu(be, sp_input: SparseTensor, fn: str, exponent: float | None = None) -> SparseTensor:
     xp = be.xp
-    name = _map_name(fn)
+    name = fn
     values = sp_input.values
     kind = values.dtype.kind
     if name in _SPECIAL or name in _PREDICATES or name in _TORCH:
