@@ -11,7 +11,7 @@ is not here: the clients build its method from the server's catalogue (``__getat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeAlias, TypeVar, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypeAlias, TypeVar, Union, cast
 
 import numpy as np
 
@@ -661,8 +661,10 @@ class ClientOps:
                          **_changed(axis=(axis, -1)))
 
     @_op
-    def map_values(self, sp_input: TensorLike, fn: str, exponent: float | None = None, *,
-                   keep: bool = False, request_id: str | None = None) -> Tensor:
+    def map_values(self, sp_input: TensorLike,
+                   fn: Literal['neg', 'abs', 'sign', 'square', 'conj', 'ceil', 'floor', 'round', 'trunc', 'sqrt', 'sin', 'tan', 'tanh', 'asin', 'atan', 'sinh', 'asinh', 'atanh', 'expm1', 'log1p', 'deg2rad', 'rad2deg', 'erf', 'erfinv', 'isnan', 'isinf', 'isposinf', 'isneginf', 'signbit', 'sgn', 'frac', 'angle', 'relu', 'positive', 'nan_to_num', 'pow', 'absolute', 'arcsin', 'arcsinh', 'arctan', 'arctanh', 'conj_physical', 'fix', 'negative', 'power', 'rint', 'special_erf', 'special_erfinv'],
+                   exponent: float | None = None, *, keep: bool = False,
+                   request_id: str | None = None) -> Tensor:
         """Applies a zero-preserving function to the stored values (tf.sparse.map_values).
         fn is one of neg, abs, sign, square, conj, ceil, floor, round, trunc, sqrt, sin, tan, tanh, asin, atan, sinh, asinh, atanh, expm1, log1p, deg2rad, rad2deg, erf, erfinv, isnan, isinf, isposinf, isneginf, signbit, sgn, frac, angle, relu, positive, nan_to_num, pow (aliases: absolute, arcsin, arcsinh, arctan, arctanh, conj_physical, fix, negative, power, rint, special_erf, special_erfinv): TensorFlow's
         zero-preserving math functions and every zero-preserving unary function PyTorch applies to sparse
@@ -2136,8 +2138,10 @@ class AsyncClientOps:
                                **_changed(axis=(axis, -1)))
 
     @_op
-    async def map_values(self, sp_input: TensorLike, fn: str, exponent: float | None = None, *,
-                         keep: bool = False, request_id: str | None = None) -> Tensor:
+    async def map_values(self, sp_input: TensorLike,
+                         fn: Literal['neg', 'abs', 'sign', 'square', 'conj', 'ceil', 'floor', 'round', 'trunc', 'sqrt', 'sin', 'tan', 'tanh', 'asin', 'atan', 'sinh', 'asinh', 'atanh', 'expm1', 'log1p', 'deg2rad', 'rad2deg', 'erf', 'erfinv', 'isnan', 'isinf', 'isposinf', 'isneginf', 'signbit', 'sgn', 'frac', 'angle', 'relu', 'positive', 'nan_to_num', 'pow', 'absolute', 'arcsin', 'arcsinh', 'arctan', 'arctanh', 'conj_physical', 'fix', 'negative', 'power', 'rint', 'special_erf', 'special_erfinv'],
+                         exponent: float | None = None, *, keep: bool = False,
+                         request_id: str | None = None) -> Tensor:
         """Applies a zero-preserving function to the stored values (tf.sparse.map_values).
         fn is one of neg, abs, sign, square, conj, ceil, floor, round, trunc, sqrt, sin, tan, tanh, asin, atan, sinh, asinh, atanh, expm1, log1p, deg2rad, rad2deg, erf, erfinv, isnan, isinf, isposinf, isneginf, signbit, sgn, frac, angle, relu, positive, nan_to_num, pow (aliases: absolute, arcsin, arcsinh, arctan, arctanh, conj_physical, fix, negative, power, rint, special_erf, special_erfinv): TensorFlow's
         zero-preserving math functions and every zero-preserving unary function PyTorch applies to sparse

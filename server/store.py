@@ -71,7 +71,7 @@ class _Entry:
 
 
 # How a tensor bigger than the whole store is refused, here and by the uploads that check first.
-STORE_LIMIT, STORE_REASON = "the whole store budget (--store-bytes)", "STORE_BUDGET"
+STORE_LIMIT, STORE_REASON = "the whole store budget (--store-bytes)", Reason.STORE_BUDGET
 
 
 class HandleStore:

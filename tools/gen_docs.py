@@ -7,8 +7,9 @@ These places are generated, never edited by hand:
   line of its doc);
 - ``docs/ops.md``, the whole catalogue: every argument with its type, default and doc, every
   output, the op's full doc;
-- in ``docs/contract.md``, the error table (from ``sparseserve.core.errors``) and the reasons
-  each code is raised with (read from the code that raises them).
+- in ``docs/contract.md``, the error table (from ``sparseserve.core.errors``) and every reason
+  with its codes and meaning (from ``sparseserve.core.reasons.Reason``, the enumeration the
+  raising code names its reasons from).
 
 The catalogue comes from ``GET /v1/ops``'s own source (``OpDef.describe``), so it says what the
 server serves. ``--check`` writes nothing and exits 1 naming the stale file; ``tests/test_docs_fresh.py``
@@ -18,9 +19,7 @@ runs the same check, so a new op or a changed doc fails the suite until ``make d
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,8 +29,6 @@ CONTRACT = ROOT / "docs" / "contract.md"
 # HTTP statuses a code takes besides its class's own.
 _HTTP_NOTES = {"INVALID_ARGUMENT": "400 (422: a body the schema refuses)",
                "RESOURCE_EXHAUSTED": "413 (429: a tenant's quota; 507: the disk tier full)"}
-# Where the errors raised come from: the SDK, the core and the server.
-RAISING = ("client", "server")
 
 _SUMMARY_CHARS = 110
 _LAYOUT_WORDS = {("coo", "csr", "csc", "bsr", "bsc"): "any sparse"}
@@ -108,37 +105,17 @@ def error_table() -> str:
     return "\n".join(rows)
 
 
-def _raised_reasons(path: Path, codes: dict[str, str]) -> list[tuple[str, str]]:
-    """(code, reason) of each error built in ``path`` with a literal reason: ``XError(...,
-    reason="R")``, or validation's ``_fail(message, "R")`` (always INVALID_ARGUMENT)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if not isinstance(node, ast.Call):
-            continue
-        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
-        reason = next((k.value for k in node.keywords if k.arg == "reason"), None)
-        if name == "_fail" and len(node.args) == 2:
-            name, reason = "InvalidArgumentError", node.args[1]
-        choices = [reason.body, reason.orelse] if isinstance(reason, ast.IfExp) else [reason]
-        found += [(codes[name], c.value) for c in choices
-                  if name in codes and isinstance(c, ast.Constant) and isinstance(c.value, str)]
-    return found
-
-
 def reasons_table() -> str:
-    """Every literal reason in the code, under the code it is raised with."""
+    """Every reason, under the first code it is raised with: its codes and what it means."""
     from sparseserve.core import errors
+    from sparseserve.core.reasons import Reason
 
-    codes = {cls.__name__: cls.code for cls in errors.ERROR_CLASSES}
-    by_code: dict[str, set[str]] = defaultdict(set)
-    for folder in RAISING:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for code, reason in _raised_reasons(path, codes):
-                by_code[code].add(reason)
-    rows = ["| code | reasons |", "|---|---|"]
-    for cls in errors.ERROR_CLASSES:
-        words = ", ".join(f"`{r}`" for r in sorted(by_code[cls.code])) or "—"
-        rows.append(f"| `{cls.code}` | {words} |")
+    order = [cls.code for cls in errors.ERROR_CLASSES]
+    rank = {code: i for i, code in enumerate(order)}
+    rows = ["| reason | code | meaning |", "|---|---|---|"]
+    for reason in sorted(Reason, key=lambda r: (rank.get(r.codes[0], len(order)), r.value)):
+        codes = ", ".join(f"`{c}`" for c in reason.codes)
+        rows.append(f"| `{reason.value}` | {codes} | {reason.meaning} |")
     return "\n".join(rows)
 
 

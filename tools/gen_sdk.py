@@ -36,7 +36,7 @@ RESERVED = frozenset({
 })
 # Names the generated annotations use: an op so named would shadow them in the class body.
 _ANNOTATION_NAMES = frozenset({
-    "Any", "bool", "int", "float", "str", "list", "tuple", "Sequence", "TensorLike", "Scalar",
+    "Any", "bool", "int", "float", "str", "list", "tuple", "Sequence", "Literal", "TensorLike", "Scalar",
     "IntList", "Axes", "Index", "Tensor",
 })
 _EXTRA_PARAMS = ("keep", "request_id", "progress", "self")
@@ -72,7 +72,7 @@ is not here: the clients build its method from the server's catalogue (``__getat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeAlias, TypeVar, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypeAlias, TypeVar, Union, cast
 
 import numpy as np
 
@@ -139,7 +139,9 @@ def _catalogue() -> list[dict]:
 
 
 def _annotation(arg: dict) -> str:
-    hint = _ARG_TYPES.get(arg["type"], "Any")
+    # A choice is the Literal of its words (the catalogue's "choices", OpenAPI's enum).
+    hint = f"Literal[{', '.join(map(repr, arg['choices']))}]" if arg.get("choices") else \
+        _ARG_TYPES.get(arg["type"], "Any")
     if not arg["required"] and arg["default"] is None and hint not in ("Any", "Axes") \
             and not hint.endswith("| None"):
         hint += " | None"

@@ -25,7 +25,10 @@ from .reasons import Reason
 __all__ = ["array_to_pb", "array_from_pb", "tensor_to_pb", "tensor_from_pb", "value_to_pb",
            "value_from_pb", "array_bytes", "tensor_bytes", "value_bytes", "tensor_pieces", "tensor_to_bytes",
            "tensor_from_bytes", "iter_chunks", "parse_chunk", "ChunkAssembler", "new_buffer", "DEFAULT_CHUNK_BYTES",
-           "WireField", "wire_field", "WIRE_FIELDS"]
+           "WireField", "wire_field", "WIRE_FIELDS",
+           # the pieces frames.py and shm.py build their own layouts of the same messages from
+           "read_varint", "varint_field", "bytes_field", "len_prefix", "array_spec", "array_view", "wire_array",
+           "sparse_fields", "sparse_from_arrays"]
 
 # Chunks of the Upload/Download streams: each is copied twice on its way (framing, then
 # into gRPC), and at 1 MiB those copies stay in cache (4 MiB measured 10-20% slower).
@@ -68,7 +71,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _read_varint(view: memoryview, pos: int) -> tuple[int, int] | None:
+def read_varint(view: memoryview, pos: int) -> tuple[int, int] | None:
     """(value, position after it), or None when the bytes end inside it or it runs past 10 bytes."""
     value = shift = 0
     for i in range(pos, min(len(view), pos + 10)):
@@ -132,7 +135,7 @@ def iter_fields(view: memoryview) -> Iterator[tuple[int, int, int, int] | None]:
     (its bytes are view[body:stop])."""
     pos, end = 0, len(view)
     while pos < end:
-        tag = _read_varint(view, pos)
+        tag = read_varint(view, pos)
         if tag is None:
             yield None
             return
@@ -140,14 +143,14 @@ def iter_fields(view: memoryview) -> Iterator[tuple[int, int, int, int] | None]:
         wire_type = key & 7
         stop: int | None = None  # where the field ends; None where it cannot be found
         if wire_type == _VARINT:
-            after = _read_varint(view, body)
+            after = read_varint(view, body)
             stop = None if after is None else after[1]
         elif wire_type == _I64:
             stop = body + 8
         elif wire_type == _I32:
             stop = body + 4
         elif wire_type == _LEN:
-            length = _read_varint(view, body)
+            length = read_varint(view, body)
             if length is not None:
                 body, stop = length[1], length[1] + length[0]
         if stop is None or stop > end:
@@ -157,23 +160,23 @@ def iter_fields(view: memoryview) -> Iterator[tuple[int, int, int, int] | None]:
         pos = stop
 
 
-def _len_prefix(field: WireField, length: int) -> bytes:
+def len_prefix(field: WireField, length: int) -> bytes:
     """The tag and length of a length-delimited field (then its ``length`` bytes)."""
     return field.tag + _varint(length)
 
 
-def _bytes_field(field: WireField, data: bytes) -> bytes:
+def bytes_field(field: WireField, data: bytes) -> bytes:
     """A length-delimited field, written even when empty (as a oneof member or a map entry's are)."""
     return field.tag + _varint(len(data)) + data
 
 
-def _varint_field(field: WireField, value: int) -> bytes:
+def varint_field(field: WireField, value: int) -> bytes:
     """A varint field; proto3 leaves a zero out."""
     return field.tag + _varint(value & _UINT64) if value else b""
 
 
 # ------------------------------------------------------------------ arrays
-def _wire_array(a: np.ndarray) -> np.ndarray:
+def wire_array(a: np.ndarray) -> np.ndarray:
     """Little-endian, C-contiguous, native-named dtype: what goes on the wire."""
     a = np.asarray(a)
     dtype = check_supported(a.dtype, "array")
@@ -188,14 +191,14 @@ def _array_header(a: np.ndarray) -> pb.Array:
 
 
 def array_to_pb(a: np.ndarray, *, with_data: bool = True) -> pb.Array:
-    a = _wire_array(a)
+    a = wire_array(a)
     msg = _array_header(a)
     if with_data:
         msg.data = a.tobytes()
     return msg
 
 
-def _array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
+def array_spec(msg: pb.Array, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
     """(dtype, shape, byte length) that an Array header announces, after checking it."""
     dtype = _WIRE_DTYPES.get(msg.dtype)
     if dtype is None:
@@ -216,12 +219,12 @@ def array_from_pb(msg: pb.Array, name: str) -> np.ndarray:
             and len(data) == math.prod(shape) * dtype.itemsize):  # no empty, huge or negative shape
         array = np.frombuffer(data, dtype)
         return array if len(shape) == 1 else array.reshape(shape)
-    dtype, shape, nbytes = _array_spec(msg, name)
+    dtype, shape, nbytes = array_spec(msg, name)
     if len(data) != nbytes:
         raise InvalidArgumentError(
             f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
             f"imply {nbytes}", reason=Reason.BUFFER_LENGTH)
-    return _view(data, dtype, shape)
+    return array_view(data, dtype, shape)
 
 
 def new_buffer(nbytes: int) -> np.ndarray:
@@ -230,7 +233,9 @@ def new_buffer(nbytes: int) -> np.ndarray:
     return np.empty(nbytes, np.uint8)
 
 
-def _view(buffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def array_view(buffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The array a buffer of wire bytes holds, without a copy (one, in native order, only for a
+    non-native dtype)."""
     arr = np.frombuffer(buffer, dtype=dtype).reshape(shape)
     # Native order for the kernels (a no-op on little-endian machines).
     return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
@@ -260,11 +265,14 @@ def _layout_arrays(layout: str | None) -> tuple[str, ...]:
     return ("indices", "values") if layout == "coo" else ("compressed_indices", "plain_indices", "values")
 
 
-def _sparse_fields(sp: pb.SparseTensor) -> tuple[str, ...]:
+def sparse_fields(sp: pb.SparseTensor) -> tuple[str, ...]:
+    """The array fields a SparseTensor message of its layout carries, in wire order."""
     return _layout_arrays(_LAYOUT_FROM_PB.get(sp.layout))
 
 
-def _sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name: str) -> SparseTensor:
+def sparse_from_arrays(sp: pb.SparseTensor, arrays: dict[str, np.ndarray], name: str) -> SparseTensor:
+    """A SparseTensor from a message's metadata and its arrays (read elsewhere: shared memory, say);
+    not validated here."""
     layout = _LAYOUT_FROM_PB.get(sp.layout)
     if layout is None:
         raise InvalidArgumentError(f"{name}.layout = {sp.layout} is not a known layout",
@@ -284,8 +292,8 @@ def tensor_from_pb(msg: pb.Tensor, name: str) -> SparseTensor | np.ndarray | Han
     kind = msg.WhichOneof("kind")
     if kind == "sparse":
         sp = msg.sparse
-        arrays = {f: array_from_pb(getattr(sp, f), f"{name}.{f}") for f in _sparse_fields(sp)}
-        return _sparse_from_arrays(sp, arrays, name)
+        arrays = {f: array_from_pb(getattr(sp, f), f"{name}.{f}") for f in sparse_fields(sp)}
+        return sparse_from_arrays(sp, arrays, name)
     if kind == "handle":
         return HandleRef(msg.handle, info_from_pb(msg.info) if msg.HasField("info") else None)
     if kind == "dense":
@@ -335,14 +343,14 @@ def _padding(n: int) -> bytes:
 
 def _array_parts(a: np.ndarray) -> tuple[bytes, memoryview | None]:
     """An Array message's fields but the data (serialized), and its data (None when empty)."""
-    a = _wire_array(a)
+    a = wire_array(a)
     return _array_header(a).SerializeToString(), (a.data.cast("B") if a.size else None)
 
 
 def _array_size(header: bytes, data: memoryview | None) -> int:
     if data is None:
         return len(header)
-    return len(header) + len(_len_prefix(_ARRAY_DATA, len(data))) + len(data) + _PADDING_BYTES
+    return len(header) + len(len_prefix(_ARRAY_DATA, len(data))) + len(data) + _PADDING_BYTES
 
 
 def tensor_pieces(t: Any, start: int = 0) -> list:
@@ -356,19 +364,19 @@ def tensor_pieces(t: Any, start: int = 0) -> list:
                                  coalesced=t.coalesced, blocksize=t.blocksize or ())
         arrays = [(_SPARSE_ARRAYS[name], *_array_parts(getattr(t, name))) for name in _layout_arrays(t.layout)]
         head = header.SerializeToString()
-        body_size = len(head) + sum(len(_len_prefix(f, _array_size(h, d))) + _array_size(h, d)
+        body_size = len(head) + sum(len(len_prefix(f, _array_size(h, d))) + _array_size(h, d)
                                     for f, h, d in arrays)
-        pieces: list = [_len_prefix(_TENSOR_SPARSE, body_size), head]
+        pieces: list = [len_prefix(_TENSOR_SPARSE, body_size), head]
     else:
         arrays = [(_TENSOR_DENSE, *_array_parts(np.asarray(t)))]
         pieces = []
     position = start + sum(len(p) for p in pieces)
     for field, head, data in arrays:
-        pieces += [_len_prefix(field, _array_size(head, data)), head]
+        pieces += [len_prefix(field, _array_size(head, data)), head]
         position += len(pieces[-2]) + len(head)
         if data is None:
             continue
-        data_prefix = _len_prefix(_ARRAY_DATA, len(data))
+        data_prefix = len_prefix(_ARRAY_DATA, len(data))
         before = -(position + _PADDING_HEAD + len(data_prefix)) % _ALIGN
         pieces += [_padding(before), data_prefix, data, _padding(_ALIGN - 1 - before)]
         position += _PADDING_BYTES + len(data_prefix) + len(data)
@@ -408,13 +416,13 @@ def _array_from_view(view: memoryview, name: str) -> np.ndarray | None:
         return None
     rest, found = split
     msg = pb.Array.FromString(rest)
-    dtype, shape, nbytes = _array_spec(msg, name)
+    dtype, shape, nbytes = array_spec(msg, name)
     data = found.get(_ARRAY_DATA.number, memoryview(b""))
     if len(data) != nbytes:
         raise InvalidArgumentError(
             f"{name}.data has {len(data)} bytes but dtype {dtype.name} and shape {list(shape)} "
             f"imply {nbytes}", reason=Reason.BUFFER_LENGTH)
-    arr = _view(data, dtype, shape)
+    arr = array_view(data, dtype, shape)
     # Kernels want aligned arrays; a body gives its arrays whatever offsets it has.
     return arr if arr.ctypes.data % dtype.alignment == 0 else arr.copy()
 
@@ -450,12 +458,12 @@ def _tensor_from_view(view: memoryview, name: str) -> SparseTensor | np.ndarray 
     rest, found = split
     header = pb.SparseTensor.FromString(rest)
     arrays = {}
-    for attribute in _sparse_fields(header):
+    for attribute in sparse_fields(header):
         arr = _array_from_view(found.get(_SPARSE_ARRAYS[attribute].number, memoryview(b"")), f"{name}.{attribute}")
         if arr is None:
             return None
         arrays[attribute] = arr
-    return _sparse_from_arrays(header, arrays, name)
+    return sparse_from_arrays(header, arrays, name)
 
 
 # ------------------------------------------------------------------ small messages by hand
@@ -476,12 +484,12 @@ def _packed_field(field: WireField, values) -> bytes:
     if not len(values):
         return b""
     packed = _packed(values)
-    return _len_prefix(field, len(packed)) + packed
+    return len_prefix(field, len(packed)) + packed
 
 
 # An Array's dtype field, serialized, by little-endian dtype: an array whose dtype is found
 # here goes out as it is.
-_DTYPE_FIELDS = {dtype: _varint_field(_ARRAY_DTYPE, code) for code, dtype in _WIRE_DTYPES.items()}
+_DTYPE_FIELDS = {dtype: varint_field(_ARRAY_DTYPE, code) for code, dtype in _WIRE_DTYPES.items()}
 _SHAPE_TAG, _ARRAY_DATA_TAG = _ARRAY_SHAPE.tag, _ARRAY_DATA.tag
 
 
@@ -491,7 +499,7 @@ def array_bytes(a: np.ndarray) -> bytes:
         a = np.asarray(a)
     dtype_field = _DTYPE_FIELDS.get(a.dtype)
     if dtype_field is None:  # big-endian, or not a wire dtype (refused here)
-        a = _wire_array(a)
+        a = wire_array(a)
         dtype_field = _DTYPE_FIELDS[a.dtype]
     # The fields written here rather than by the helpers: a small call's messages are mostly
     # such headers, and each call of a helper counts (the section's comment above).
@@ -507,11 +515,11 @@ def array_bytes(a: np.ndarray) -> bytes:
 
 # Per layout: its serialized layout field, and its arrays' (field, attribute) in number order.
 _LAYOUT_FIELDS = {
-    layout: (_varint_field(_SPARSE_LAYOUT, code),
+    layout: (varint_field(_SPARSE_LAYOUT, code),
              tuple(sorted(((_SPARSE_ARRAYS[name], name) for name in _layout_arrays(layout)),
                           key=lambda pair: pair[0].number)))
     for layout, code in _LAYOUT_TO_PB.items()}
-_COALESCED = _varint_field(_SPARSE_COALESCED, 1)  # true
+_COALESCED = varint_field(_SPARSE_COALESCED, 1)  # true
 
 
 def tensor_bytes(t: Any) -> bytes:
@@ -519,9 +527,9 @@ def tensor_bytes(t: Any) -> bytes:
     if isinstance(t, HandleRef):
         if t.info is not None:  # a kept output's reply: a few bytes, protobuf writes them
             return tensor_to_pb(t).SerializeToString()
-        return _bytes_field(_TENSOR_HANDLE, t.handle.encode())  # a oneof member: written even when empty
+        return bytes_field(_TENSOR_HANDLE, t.handle.encode())  # a oneof member: written even when empty
     if not isinstance(t, SparseTensor):
-        return _bytes_field(_TENSOR_DENSE, array_bytes(np.asarray(t)))
+        return bytes_field(_TENSOR_DENSE, array_bytes(np.asarray(t)))
     layout_field, array_fields = _LAYOUT_FIELDS[t.layout]
     parts = [layout_field, _packed_field(_SPARSE_DENSE_SHAPE, t.dense_shape)]
     for field, attribute in array_fields:
@@ -531,13 +539,13 @@ def tensor_bytes(t: Any) -> bytes:
         parts.append(_packed_field(_SPARSE_BLOCKSIZE, t.blocksize))
     if t.coalesced:
         parts.append(_COALESCED)
-    return _bytes_field(_TENSOR_SPARSE, b"".join(parts))
+    return bytes_field(_TENSOR_SPARSE, b"".join(parts))
 
 
 def value_bytes(v: Any) -> bytes:
     """The serialized ``Value`` message of an argument: tensors by hand, the rest by protobuf."""
     if isinstance(v, (SparseTensor, HandleRef, np.ndarray)):
-        return _bytes_field(_VALUE_TENSOR, tensor_bytes(v))
+        return bytes_field(_VALUE_TENSOR, tensor_bytes(v))
     return value_to_pb(v).SerializeToString()
 
 
@@ -594,10 +602,10 @@ def iter_chunks(t: SparseTensor | np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_B
     yield pb.TensorChunk(header=tensor_to_pb(t, with_data=False)).SerializeToString()
     arrays = t.arrays() if isinstance(t, SparseTensor) else (t,)
     for a in arrays:
-        flat = _wire_array(a).data.cast("B") if a.size else memoryview(b"")
+        flat = wire_array(a).data.cast("B") if a.size else memoryview(b"")
         for start in range(0, len(flat), chunk_bytes):
             piece = flat[start:start + chunk_bytes]
-            yield b"".join((_len_prefix(_CHUNK_DATA, len(piece)), piece))
+            yield b"".join((len_prefix(_CHUNK_DATA, len(piece)), piece))
 
 
 def parse_chunk(frame: bytes | memoryview) -> pb.TensorChunk | memoryview:
@@ -605,9 +613,9 @@ def parse_chunk(frame: bytes | memoryview) -> pb.TensorChunk | memoryview:
     any other message parsed by protobuf. protobuf's parse and the read of its ``data`` copy
     the chunk twice: bench/codec.py assembled the stream 1.2x as fast at 1 MB, 1.3x at 100 MB."""
     view = memoryview(frame)
-    key = _read_varint(view, 0)
+    key = read_varint(view, 0)
     if key is not None and key[0] == _CHUNK_DATA.key:
-        length = _read_varint(view, key[1])
+        length = read_varint(view, key[1])
         if length is not None and length[1] + length[0] == len(view):
             return view[length[1]:]
     try:
@@ -663,7 +671,7 @@ class ChunkAssembler:
             raise InvalidArgumentError(f"{self.name}: a second header in one stream", reason=Reason.BAD_STREAM)
         kind = header.WhichOneof("kind")
         if kind == "sparse":
-            msgs = [(f, getattr(header.sparse, f)) for f in _sparse_fields(header.sparse)]
+            msgs = [(f, getattr(header.sparse, f)) for f in sparse_fields(header.sparse)]
         elif kind == "dense":
             msgs = [("data", header.dense)]
         else:
@@ -674,7 +682,7 @@ class ChunkAssembler:
             if msg.data:
                 raise InvalidArgumentError(f"{self.name}.{field}: a stream header carries no data",
                                            reason=Reason.BAD_STREAM)
-            dtype, shape, nbytes = _array_spec(msg, f"{self.name}.{field}")
+            dtype, shape, nbytes = array_spec(msg, f"{self.name}.{field}")
             self._specs.append((field, dtype, shape))
             sizes.append(nbytes)
         if self.max_bytes is not None and sum(sizes) > self.max_bytes:
@@ -714,11 +722,11 @@ class ChunkAssembler:
             raise InvalidArgumentError(
                 f"{self.name}: the stream ended after {received} of the {self.total_bytes} bytes "
                 "its header announces", reason=Reason.BUFFER_LENGTH)
-        arrays = {field: _view(buf, dtype, shape)
+        arrays = {field: array_view(buf, dtype, shape)
                   for (field, dtype, shape), buf in zip(self._specs, self._buffers, strict=True)}
         if self._header.WhichOneof("kind") == "dense":
             return arrays["data"]
-        return _sparse_from_arrays(self._header.sparse, arrays, self.name)
+        return sparse_from_arrays(self._header.sparse, arrays, self.name)
 
 
 def assemble(chunks: Iterable[pb.TensorChunk | bytes], name: str = "tensor",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, cast
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from .codec import (DEFAULT_CHUNK_BYTES, WireField, _bytes_field, _len_prefix, _read_varint, _varint_field, iter_fields,
+from .codec import (DEFAULT_CHUNK_BYTES, WireField, bytes_field, len_prefix, read_varint, varint_field, iter_fields,
                     new_buffer, tensor_bytes, tensor_from_bytes, tensor_from_pb, tensor_pieces, value_bytes,
                     value_from_pb, wire_field)
 from .tensor import SparseTensor
@@ -53,23 +53,23 @@ _OUTPUT_TENSOR = wire_field("NamedTensor.tensor")
 _FRAME_TOTAL_BYTES = wire_field("MessageFrame.total_bytes")
 _FRAME_DATA = wire_field("MessageFrame.data")
 
-_KEEP = _varint_field(_REQUEST_KEEP, 1)  # true
+_KEEP = varint_field(_REQUEST_KEEP, 1)  # true
 
 
 def _string_field(field: WireField, text: str) -> bytes:
     """A string field that proto3 leaves out when empty."""
-    return _bytes_field(field, text.encode()) if text else b""
+    return bytes_field(field, text.encode()) if text else b""
 
 
 def _named_tensor(name: str, value: Any) -> bytes:
     """A serialized ``NamedTensor``."""
-    return _string_field(_OUTPUT_NAME, name) + _bytes_field(_OUTPUT_TENSOR, tensor_bytes(value))
+    return _string_field(_OUTPUT_NAME, name) + bytes_field(_OUTPUT_TENSOR, tensor_bytes(value))
 
 
 def _arg_entry(name: str, value: bytes) -> bytes:
     """A serialized entry of the ``args`` map: protobuf writes a map entry's key and value even
     when empty."""
-    return _bytes_field(_ARG_NAME, name.encode()) + _bytes_field(_ARG_VALUE, value)
+    return bytes_field(_ARG_NAME, name.encode()) + bytes_field(_ARG_VALUE, value)
 
 
 def _nested(field: WireField, head: bytes, inner: Callable[[int], list], start: int) -> list:
@@ -77,7 +77,7 @@ def _nested(field: WireField, head: bytes, inner: Callable[[int], list], start: 
     ``start``: ``inner`` lays out its arrays from ``offset``, and its size must not depend
     on it (as ``tensor_pieces``'s does not)."""
     size = len(head) + sum(len(p) for p in inner(0))
-    prefix = _len_prefix(field, size) + head
+    prefix = len_prefix(field, size) + head
     return [prefix, *inner(start + len(prefix))]
 
 
@@ -98,12 +98,12 @@ def execute_request_pieces(op: str, args: dict[str, Any], keep: bool) -> list:
     """A serialized ``ExecuteRequest`` as pieces to send back to back (``execute_request_bytes``
     joins them)."""
     if not any(_is_big_tensor(v) for v in args.values()):
-        entries = [_bytes_field(_REQUEST_ARGS, _arg_entry(key, value_bytes(value))) for key, value in args.items()]
+        entries = [bytes_field(_REQUEST_ARGS, _arg_entry(key, value_bytes(value))) for key, value in args.items()]
         return [b"".join((_string_field(_REQUEST_OP, op), *entries, _KEEP if keep else b""))]
     pieces = [_string_field(_REQUEST_OP, op)]
     position = len(pieces[0])
     for key, value in args.items():
-        entry = _nested(_REQUEST_ARGS, _bytes_field(_ARG_NAME, key.encode()),
+        entry = _nested(_REQUEST_ARGS, bytes_field(_ARG_NAME, key.encode()),
                         partial(_nested, _ARG_VALUE, b"", partial(_value_pieces, value)), position)
         pieces += entry
         position += sum(len(p) for p in entry)
@@ -167,7 +167,7 @@ def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
     ``flat_outputs`` lays them out) as pieces to send back to back."""
     outputs = flat_outputs(outputs)
     if not any(_is_big_tensor(v) for _, v in outputs):
-        return [b"".join([_bytes_field(_RESPONSE_OUTPUTS, _named_tensor(name, value)) for name, value in outputs])]
+        return [b"".join([bytes_field(_RESPONSE_OUTPUTS, _named_tensor(name, value)) for name, value in outputs])]
     pieces: list = []
     position = 0
     for name, value in outputs:
@@ -176,7 +176,7 @@ def outputs_pieces(outputs: list[tuple[str, Any]]) -> list:
                             partial(_nested, _OUTPUT_TENSOR, b"", partial(tensor_pieces, value)), position)
         else:
             body = _named_tensor(name, value)
-            named = [_len_prefix(_RESPONSE_OUTPUTS, len(body)), body]
+            named = [len_prefix(_RESPONSE_OUTPUTS, len(body)), body]
         pieces += named
         position += sum(len(p) for p in named)
     return pieces
@@ -201,7 +201,7 @@ def _fields(view: memoryview) -> list[tuple[int, memoryview]]:
 
 def _varint_value(raw: memoryview) -> int:
     """The value of a varint field that ``iter_fields`` has found whole."""
-    value = _read_varint(raw, 0)
+    value = read_varint(raw, 0)
     assert value is not None
     return value[0]
 
@@ -294,7 +294,7 @@ def message_frames(pieces: list, frame_bytes: int = DEFAULT_CHUNK_BYTES) -> Iter
     if not total:  # an empty message: one frame, as empty as protobuf writes it
         yield b""
         return
-    head = _varint_field(_FRAME_TOTAL_BYTES, total)
+    head = varint_field(_FRAME_TOTAL_BYTES, total)
     batch: list = []
     size = 0
     for piece in pieces:
@@ -305,10 +305,10 @@ def message_frames(pieces: list, frame_bytes: int = DEFAULT_CHUNK_BYTES) -> Iter
             size += len(take)
             view = view[len(take):]
             if size == frame_bytes:
-                yield b"".join((head, _len_prefix(_FRAME_DATA, size), *batch))
+                yield b"".join((head, len_prefix(_FRAME_DATA, size), *batch))
                 head, batch, size = b"", [], 0
     if batch:
-        yield b"".join((head, _len_prefix(_FRAME_DATA, size), *batch))
+        yield b"".join((head, len_prefix(_FRAME_DATA, size), *batch))
 
 
 def _bad_stream(message: str) -> InvalidArgumentError:
@@ -393,7 +393,7 @@ def progress_result_bytes(outputs: list[tuple[str, Any]]) -> bytes:
     serialized ``ExecuteResponse`` of ``outputs``: written around the answer's pieces (one copy),
     not by parsing the answer into protobuf messages."""
     pieces = outputs_pieces(outputs)
-    return b"".join([_len_prefix(_PROGRESS_RESULT, sum(len(p) for p in pieces)), *pieces])
+    return b"".join([len_prefix(_PROGRESS_RESULT, sum(len(p) for p in pieces)), *pieces])
 
 
 def progress_message_from_bytes(body: bytes) -> dict[str, Any] | list[tuple[str, Any]]:

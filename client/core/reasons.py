@@ -150,8 +150,8 @@ class Reason(StrEnum):
     BAD_TOL = auto(), INVALID_ARGUMENT, "The eigensolver's tol is not a finite number >= 0."
     BAD_TOLERANCE = (auto(), INVALID_ARGUMENT,
                      "rtol or atol is not a finite number >= 0, or is not allowed by the method.")
-    BAD_MAXITER = auto(), INVALID_ARGUMENT, "maxiter is below 1."
-    BAD_RESTART = auto(), INVALID_ARGUMENT, "restart is below 1."
+    BAD_MAXITER = auto(), INVALID_ARGUMENT, "A solver's maxiter is below 1 (null means scipy's default, 10 n)."
+    BAD_RESTART = auto(), INVALID_ARGUMENT, "gmres's restart, the inner iterations between restarts, is below 1."
     BAD_PRECONDITIONER = auto(), INVALID_ARGUMENT, "preconditioner names none the solvers know."
     SINGULAR_PRECONDITIONER = (auto(), INVALID_ARGUMENT,
                                "The preconditioner cannot be built: a zero or missing diagonal entry or pivot.")

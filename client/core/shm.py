@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .codec import _array_spec, _sparse_fields, _sparse_from_arrays, _view, _wire_array
+from .codec import array_spec, sparse_fields, sparse_from_arrays, array_view, wire_array
 from .tensor import SparseTensor
 from .errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from ..v1 import sparseserve_pb2 as pb
@@ -60,7 +60,7 @@ def header_slots(header: pb.Tensor, name: str = "tensor") -> list[Slot]:
     checks of each Array header (dtype, shape, exact byte length)."""
     kind = header.WhichOneof("kind")
     if kind == "sparse":
-        msgs = [(field, getattr(header.sparse, field)) for field in _sparse_fields(header.sparse)]
+        msgs = [(field, getattr(header.sparse, field)) for field in sparse_fields(header.sparse)]
     elif kind == "dense":
         msgs = [("data", header.dense)]
     else:
@@ -71,7 +71,7 @@ def header_slots(header: pb.Tensor, name: str = "tensor") -> list[Slot]:
         if msg.data:
             raise InvalidArgumentError(f"{name}.{field}: a shared tensor's header carries no data "
                                        "(the bytes are in the segment)", reason=Reason.BAD_HEADER)
-        dtype, shape, nbytes = _array_spec(msg, f"{name}.{field}")
+        dtype, shape, nbytes = array_spec(msg, f"{name}.{field}")
         offset = _aligned(offset)
         slots.append(Slot(field, dtype, shape, offset, nbytes))
         offset += nbytes
@@ -85,16 +85,16 @@ def segment_bytes(slots: list[Slot]) -> int:
 
 def tensor_arrays(t: SparseTensor | np.ndarray) -> list[np.ndarray]:
     """The arrays of ``t`` in segment order, as they go on the wire (little-endian, C order)."""
-    return [_wire_array(a) for a in (t.arrays() if isinstance(t, SparseTensor) else (t,))]
+    return [wire_array(a) for a in (t.arrays() if isinstance(t, SparseTensor) else (t,))]
 
 
 def tensor_from_slots(header: pb.Tensor, slots: list[Slot], buffers: list[np.ndarray],
                       name: str = "tensor") -> SparseTensor | np.ndarray:
     """The tensor whose arrays are ``buffers`` (raw bytes, one per slot)."""
-    arrays = {slot.field: _view(buf, slot.dtype, slot.shape) for slot, buf in zip(slots, buffers)}
+    arrays = {slot.field: array_view(buf, slot.dtype, slot.shape) for slot, buf in zip(slots, buffers)}
     if header.WhichOneof("kind") == "dense":
         return arrays["data"]
-    return _sparse_from_arrays(header.sparse, arrays, name)
+    return sparse_from_arrays(header.sparse, arrays, name)
 
 
 # ------------------------------------------------------------------ segments
