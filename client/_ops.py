@@ -150,7 +150,8 @@ class ClientOps:
     @_op
     def bicgstab(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                  rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                 preconditioner: str = 'none', *, keep: bool = False, request_id: str | None = None,
+                 preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
+                 request_id: str | None = None,
                  progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
         kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
@@ -232,8 +233,9 @@ class ClientOps:
 
     @_op
     def cg(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None, rtol: float = 1e-05,
-           atol: float = 0.0, maxiter: int | None = None, preconditioner: str = 'none', *,
-           keep: bool = False, request_id: str | None = None,
+           atol: float = 0.0, maxiter: int | None = None,
+           preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
+           request_id: str | None = None,
            progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
         norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked before each iteration, as
@@ -305,7 +307,8 @@ class ClientOps:
         All inputs have the same rank, sparse dimensions and dtype, and the same size on every other
         dimension unless expand_nonconcat_dims, when each such dimension is the largest input's.
         The output is re-sorted row-major (stable: entries at one index keep the input order;
-        duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's).
+        duplicates are kept); a single input comes back as it is, unsorted if it was, whatever the axis
+        (as TensorFlow's: no rule of several inputs applies to it).
         Concatenating hybrid tensors along a dense dimension zero-pads each input's value blocks, so an
         index stored in several inputs appears once per input.
         CSR, CSC, BSR, BSC: computed on the tensor's COO view (batch dimensions lead as sparse ones;
@@ -330,8 +333,8 @@ class ClientOps:
                          **_changed(expand_nonconcat_dims=(expand_nonconcat_dims, False)))
 
     @_op
-    def convert(self, sp_input: TensorLike, layout: str, blocksize: Axes = None,
-                dense_dim: int | None = None, *, keep: bool = False,
+    def convert(self, sp_input: TensorLike, layout: Literal['coo', 'csr', 'csc', 'bsr', 'bsc'],
+                blocksize: Axes = None, dense_dim: int | None = None, *, keep: bool = False,
                 request_id: str | None = None) -> Tensor:
         """Converts a sparse tensor to another sparse layout (torch's to_sparse, to_sparse_csr,
         to_sparse_csc, to_sparse_bsr, to_sparse_bsc), between every pair of coo, csr, csc, bsr, bsc.
@@ -388,8 +391,9 @@ class ClientOps:
         return self.call("div", sp_input=sp_input, dense=dense, keep=keep, request_id=request_id)
 
     @_op
-    def eigsh(self, a: TensorLike, k: int = 6, which: str = 'LM', sigma: float | None = None,
-              tol: float = 0.0, *, keep: bool = False, request_id: str | None = None,
+    def eigsh(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM', 'LA', 'SA', 'BE'] = 'LM',
+              sigma: float | None = None, tol: float = 0.0, *, keep: bool = False,
+              request_id: str | None = None,
               progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor]:
         """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix
         (scipy.sparse.linalg.eigsh: ARPACK's implicitly restarted Lanczos, with our parallel SpMV as the operator).
@@ -444,8 +448,9 @@ class ClientOps:
                          request_id=request_id)
 
     @_op
-    def eye(self, num_rows: int, num_columns: int | None = None, dtype: str = 'float32', *,
-            keep: bool = False, request_id: str | None = None) -> Tensor:
+    def eye(self, num_rows: int, num_columns: int | None = None,
+            dtype: Literal['bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64', 'float16', 'float32', 'float64', 'complex64', 'complex128'] = 'float32',
+            *, keep: bool = False, request_id: str | None = None) -> Tensor:
         """A sparse identity matrix (tf.sparse.eye): num_rows x num_columns (num_columns
         defaults to num_rows) with ones at [i, i] for i < min(num_rows, num_columns), coalesced. dtype
         is any supported dtype name (bool gives True). A negative size, or one whose element count
@@ -535,8 +540,9 @@ class ClientOps:
 
     @_op
     def gmres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None, rtol: float = 1e-05,
-              atol: float = 0.0, maxiter: int | None = None, preconditioner: str = 'none',
-              restart: int = 20, *, keep: bool = False, request_id: str | None = None,
+              atol: float = 0.0, maxiter: int | None = None,
+              preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', restart: int = 20, *,
+              keep: bool = False, request_id: str | None = None,
               progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Restarted GMRES for a general square A (scipy.sparse.linalg.gmres with callback_type
         'pr_norm', its driver run over our SpMV and preconditioner): maxiter counts restart cycles, as
@@ -789,7 +795,8 @@ class ClientOps:
     @_op
     def minres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-               preconditioner: str = 'none', *, keep: bool = False, request_id: str | None = None,
+               preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
+               request_id: str | None = None,
                progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """MINRES for a symmetric (possibly indefinite) A (scipy.sparse.linalg.minres, its driver run
         over our SpMV and preconditioner, which must be symmetric positive definite for the method's
@@ -832,7 +839,8 @@ class ClientOps:
                                     preconditioner=(preconditioner, 'none')))
 
     @_op
-    def mm(self, mat1: TensorLike, mat2: TensorLike, reduce: str = 'sum', *, keep: bool = False,
+    def mm(self, mat1: TensorLike, mat2: TensorLike,
+           reduce: Literal['sum', 'mean', 'amax', 'amin'] = 'sum', *, keep: bool = False,
            request_id: str | None = None) -> Tensor:
         """torch.sparse.mm(mat1, mat2, reduce): sparse mat1 [m, n] times dense mat2 [n, k] -> dense [m, k],
         row i of the result being the reduce over row i's stored entries p of mat1[i, j_p] * mat2[j_p, :]:
@@ -1215,17 +1223,20 @@ class ClientOps:
               request_id: str | None = None) -> Tensor:
         """Slices a sparse tensor (tf.sparse.slice): the entries with start <= index < start + size
         on every dimension, their indices shifted by start, in input order (duplicates kept).
-        start and size have one entry per dimension and must not be negative (INVALID_ARGUMENT
-        otherwise). The box is clipped to the input: dimension d of the output is
-        max(min(start[d] + size[d], dense_shape[d]) - start[d], 0), so a box past the end is not an
-        error. Hybrid tensors: entries are selected on the sparse dimensions and the value blocks are
-        sliced on the dense ones. Layouts: any in, COO out; a compressed input's batch dimensions count
-        as sparse dimensions, and its output is in row-major order.
+        start and size have one entry per dimension; a size must not be negative (INVALID_ARGUMENT
+        otherwise), a start may be, as in TensorFlow's kernel: the entries are shifted by it all the
+        same (start = [0, -1] moves the entry at [0, 0] to [0, 1]). The box is clipped at the end of
+        each dimension only: dimension d of the output is max(min(start[d] + size[d], dense_shape[d]) -
+        start[d], 0), so a box past the end is not an error and one before the start of a dimension
+        keeps its size (a slice's shape that does not fit int64 is INVALID_ARGUMENT). Hybrid tensors:
+        entries are selected on the sparse dimensions and the value blocks are sliced on the dense ones
+        (zero-padded in front where start is negative). Layouts: any in, COO out; a compressed input's
+        batch dimensions count as sparse dimensions, and its output is in row-major order.
 
         Arguments:
             sp_input (sparse; layouts coo, csr, csc, bsr, bsc): The input sparse tensor (any sparse layout).
-            start (int_list): First index of the slice on each dimension.
-            size (int_list): Length of the slice on each dimension (clipped to the input).
+            start (int_list): First index of the slice on each dimension (may be negative).
+            size (int_list): Length of the slice on each dimension (clipped at the input's end).
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
 
@@ -1335,7 +1346,7 @@ class ClientOps:
 
     @_op
     def spdiags(self, diagonals: TensorLike, offsets: TensorLike, shape: IntList,
-                layout: str | None = None, *, keep: bool = False,
+                layout: Literal['coo', 'csr', 'csc'] | None = None, *, keep: bool = False,
                 request_id: str | None = None) -> Tensor:
         """A sparse matrix from diagonals (torch.sparse.spdiags): row i of diagonals goes on the
         diagonal offsets[i] (0 the main one, positive above, negative below) of a shape[0] x
@@ -1412,8 +1423,8 @@ class ClientOps:
         return self.call("spsolve", a=a, b=b, keep=keep, request_id=request_id)
 
     @_op
-    def svds(self, a: TensorLike, k: int = 6, which: str = 'LM', *, keep: bool = False,
-             request_id: str | None = None,
+    def svds(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM'] = 'LM', *,
+             keep: bool = False, request_id: str | None = None,
              progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds with ARPACK, our parallel
         SpMV for a @ x and a^H @ x). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or
@@ -1618,8 +1629,8 @@ class AsyncClientOps:
     @_op
     async def bicgstab(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                        rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                       preconditioner: str = 'none', *, keep: bool = False,
-                       request_id: str | None = None,
+                       preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *,
+                       keep: bool = False, request_id: str | None = None,
                        progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
         kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
@@ -1703,7 +1714,8 @@ class AsyncClientOps:
     @_op
     async def cg(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                  rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                 preconditioner: str = 'none', *, keep: bool = False, request_id: str | None = None,
+                 preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
+                 request_id: str | None = None,
                  progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
         norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked before each iteration, as
@@ -1775,7 +1787,8 @@ class AsyncClientOps:
         All inputs have the same rank, sparse dimensions and dtype, and the same size on every other
         dimension unless expand_nonconcat_dims, when each such dimension is the largest input's.
         The output is re-sorted row-major (stable: entries at one index keep the input order;
-        duplicates are kept); a single input comes back as it is, unsorted if it was (as TensorFlow's).
+        duplicates are kept); a single input comes back as it is, unsorted if it was, whatever the axis
+        (as TensorFlow's: no rule of several inputs applies to it).
         Concatenating hybrid tensors along a dense dimension zero-pads each input's value blocks, so an
         index stored in several inputs appears once per input.
         CSR, CSC, BSR, BSC: computed on the tensor's COO view (batch dimensions lead as sparse ones;
@@ -1801,7 +1814,8 @@ class AsyncClientOps:
                                **_changed(expand_nonconcat_dims=(expand_nonconcat_dims, False)))
 
     @_op
-    async def convert(self, sp_input: TensorLike, layout: str, blocksize: Axes = None,
+    async def convert(self, sp_input: TensorLike,
+                      layout: Literal['coo', 'csr', 'csc', 'bsr', 'bsc'], blocksize: Axes = None,
                       dense_dim: int | None = None, *, keep: bool = False,
                       request_id: str | None = None) -> Tensor:
         """Converts a sparse tensor to another sparse layout (torch's to_sparse, to_sparse_csr,
@@ -1860,7 +1874,8 @@ class AsyncClientOps:
                                request_id=request_id)
 
     @_op
-    async def eigsh(self, a: TensorLike, k: int = 6, which: str = 'LM', sigma: float | None = None,
+    async def eigsh(self, a: TensorLike, k: int = 6,
+                    which: Literal['LM', 'SM', 'LA', 'SA', 'BE'] = 'LM', sigma: float | None = None,
                     tol: float = 0.0, *, keep: bool = False, request_id: str | None = None,
                     progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor]:
         """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix
@@ -1916,8 +1931,9 @@ class AsyncClientOps:
                                request_id=request_id)
 
     @_op
-    async def eye(self, num_rows: int, num_columns: int | None = None, dtype: str = 'float32', *,
-                  keep: bool = False, request_id: str | None = None) -> Tensor:
+    async def eye(self, num_rows: int, num_columns: int | None = None,
+                  dtype: Literal['bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64', 'float16', 'float32', 'float64', 'complex64', 'complex128'] = 'float32',
+                  *, keep: bool = False, request_id: str | None = None) -> Tensor:
         """A sparse identity matrix (tf.sparse.eye): num_rows x num_columns (num_columns
         defaults to num_rows) with ones at [i, i] for i < min(num_rows, num_columns), coalesced. dtype
         is any supported dtype name (bool gives True). A negative size, or one whose element count
@@ -2010,8 +2026,8 @@ class AsyncClientOps:
     @_op
     async def gmres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                     rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                    preconditioner: str = 'none', restart: int = 20, *, keep: bool = False,
-                    request_id: str | None = None,
+                    preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', restart: int = 20,
+                    *, keep: bool = False, request_id: str | None = None,
                     progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Restarted GMRES for a general square A (scipy.sparse.linalg.gmres with callback_type
         'pr_norm', its driver run over our SpMV and preconditioner): maxiter counts restart cycles, as
@@ -2269,8 +2285,8 @@ class AsyncClientOps:
     @_op
     async def minres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                      rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                     preconditioner: str = 'none', *, keep: bool = False,
-                     request_id: str | None = None,
+                     preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *,
+                     keep: bool = False, request_id: str | None = None,
                      progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """MINRES for a symmetric (possibly indefinite) A (scipy.sparse.linalg.minres, its driver run
         over our SpMV and preconditioner, which must be symmetric positive definite for the method's
@@ -2314,8 +2330,9 @@ class AsyncClientOps:
                                           preconditioner=(preconditioner, 'none')))
 
     @_op
-    async def mm(self, mat1: TensorLike, mat2: TensorLike, reduce: str = 'sum', *,
-                 keep: bool = False, request_id: str | None = None) -> Tensor:
+    async def mm(self, mat1: TensorLike, mat2: TensorLike,
+                 reduce: Literal['sum', 'mean', 'amax', 'amin'] = 'sum', *, keep: bool = False,
+                 request_id: str | None = None) -> Tensor:
         """torch.sparse.mm(mat1, mat2, reduce): sparse mat1 [m, n] times dense mat2 [n, k] -> dense [m, k],
         row i of the result being the reduce over row i's stored entries p of mat1[i, j_p] * mat2[j_p, :]:
         sum (the matrix product), mean (the sum divided by the number of stored entries, explicit zeros
@@ -2699,17 +2716,20 @@ class AsyncClientOps:
                     keep: bool = False, request_id: str | None = None) -> Tensor:
         """Slices a sparse tensor (tf.sparse.slice): the entries with start <= index < start + size
         on every dimension, their indices shifted by start, in input order (duplicates kept).
-        start and size have one entry per dimension and must not be negative (INVALID_ARGUMENT
-        otherwise). The box is clipped to the input: dimension d of the output is
-        max(min(start[d] + size[d], dense_shape[d]) - start[d], 0), so a box past the end is not an
-        error. Hybrid tensors: entries are selected on the sparse dimensions and the value blocks are
-        sliced on the dense ones. Layouts: any in, COO out; a compressed input's batch dimensions count
-        as sparse dimensions, and its output is in row-major order.
+        start and size have one entry per dimension; a size must not be negative (INVALID_ARGUMENT
+        otherwise), a start may be, as in TensorFlow's kernel: the entries are shifted by it all the
+        same (start = [0, -1] moves the entry at [0, 0] to [0, 1]). The box is clipped at the end of
+        each dimension only: dimension d of the output is max(min(start[d] + size[d], dense_shape[d]) -
+        start[d], 0), so a box past the end is not an error and one before the start of a dimension
+        keeps its size (a slice's shape that does not fit int64 is INVALID_ARGUMENT). Hybrid tensors:
+        entries are selected on the sparse dimensions and the value blocks are sliced on the dense ones
+        (zero-padded in front where start is negative). Layouts: any in, COO out; a compressed input's
+        batch dimensions count as sparse dimensions, and its output is in row-major order.
 
         Arguments:
             sp_input (sparse; layouts coo, csr, csc, bsr, bsc): The input sparse tensor (any sparse layout).
-            start (int_list): First index of the slice on each dimension.
-            size (int_list): Length of the slice on each dimension (clipped to the input).
+            start (int_list): First index of the slice on each dimension (may be negative).
+            size (int_list): Length of the slice on each dimension (clipped at the input's end).
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
 
@@ -2820,7 +2840,7 @@ class AsyncClientOps:
 
     @_op
     async def spdiags(self, diagonals: TensorLike, offsets: TensorLike, shape: IntList,
-                      layout: str | None = None, *, keep: bool = False,
+                      layout: Literal['coo', 'csr', 'csc'] | None = None, *, keep: bool = False,
                       request_id: str | None = None) -> Tensor:
         """A sparse matrix from diagonals (torch.sparse.spdiags): row i of diagonals goes on the
         diagonal offsets[i] (0 the main one, positive above, negative below) of a shape[0] x
@@ -2897,8 +2917,8 @@ class AsyncClientOps:
         return await self.call("spsolve", a=a, b=b, keep=keep, request_id=request_id)
 
     @_op
-    async def svds(self, a: TensorLike, k: int = 6, which: str = 'LM', *, keep: bool = False,
-                   request_id: str | None = None,
+    async def svds(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM'] = 'LM', *,
+                   keep: bool = False, request_id: str | None = None,
                    progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds with ARPACK, our parallel
         SpMV for a @ x and a^H @ x). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or

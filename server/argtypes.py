@@ -250,8 +250,8 @@ def normalize_axis(axis: int, rank: int, name: str = "axis", *, what: str = "a t
     (AXIS_OUT_OF_RANGE). ``extra`` = 1 for a position between dimensions (expand_dims)."""
     n = rank + extra
     if not -n <= axis < n:
-        raise InvalidArgumentError(f"{name} = {axis} is out of range for {what} of rank {rank} (valid: {-n} to "
-                                   f"{n - 1})", reason=Reason.AXIS_OUT_OF_RANGE)
+        raise InvalidArgumentError(f"{name} = {axis} is out of range for {what} of rank {rank}: it must be in "
+                                   f"[{-n}, {n - 1}]", reason=Reason.AXIS_OUT_OF_RANGE)
     return axis + n if axis < 0 else axis
 
 

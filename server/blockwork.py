@@ -18,7 +18,7 @@ from sparseserve.kernels import solvers as sk
 
 from .limits import check_result_bytes
 from .ops import REGISTRY
-from .ops.linalg import _csr_of_op, _rep
+from .ops.linalg import csr_arrays, matrix_rep
 from .partition import split_rows, stack_rows
 from .trust import trust
 
@@ -90,7 +90,7 @@ class SolverRows:
     indices are used as they are, never copied to shift them."""
 
     def __init__(self, block: SparseTensor, first_row: int, dtype: str):
-        ptr, idx, vals = _csr_of_op(_rep(block, "a", "a solver"), False)
+        ptr, idx, vals = csr_arrays(matrix_rep(block))  # a row block of a checked matrix
         self.csr = sk.Csr(ptr, idx, np.ascontiguousarray(vals, dtype))
         self.first_row = first_row
         self.span = (int(idx.min()), int(idx.max()) + 1) if idx.size else (0, 0)

@@ -379,7 +379,7 @@ class Cluster:
         if not isinstance(dt, DistributedTensor) or not isinstance(dt.like, SparseTensor):
             return None
         checked = self._checked(op, bound)
-        axes = plan.axes(bound, dt.like.ndim) if callable(plan.axes) else checked.args[plan.axes]
+        axes = checked.args[plan.axes]
         if 0 not in axes:
             return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
         limit = self.config.max_result_bytes
@@ -403,7 +403,7 @@ class Cluster:
         if not isinstance(dt, DistributedTensor) or getattr(dt.like, "layout", None) != "coo":
             return None
         checked = self._checked(op, bound)
-        perm = plan.perm(bound) if callable(plan.perm) else checked.args[plan.perm]
+        perm = checked.args[plan.perm]
         if perm[0] == 0:
             return self._rowwise(op, part.Rowwise(plan.tensor), args, bound)
         shape = tuple(dt.like.dense_shape)
@@ -426,7 +426,7 @@ class Cluster:
         if any(getattr(self._like(t), "layout", None) != "coo" for t in inputs):
             return None
         checked = self._checked(op, bound)
-        if (plan.axis(bound) if callable(plan.axis) else checked.args[plan.axis]) != 0:
+        if checked.args[plan.axis] != 0:
             return None
         futures, bounds = [], [0]
         for t in inputs:

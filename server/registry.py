@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class Plan:
     args: Mapping[str, Any] = field(default_factory=dict)
     dtype: np.dtype | None = None
     layout: str | None = None
-    shape: tuple[int, ...] | None = None
+    shape: Sequence[int] | None = None  # kept as a tuple of ints
     # The bound arguments the check was given (``OpDef.plan`` fills it in): what to check
     # again when a tensor argument is replaced by another of another shape (a merged batch).
     bound: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -196,8 +196,7 @@ def _describe_arg(a: Arg) -> dict[str, Any]:
 class Registry:
     ops: dict[str, OpDef] = field(default_factory=dict)
 
-    def op(self, name: str, *, doc: str, args: list[Arg], outputs: list[Output],
-           check: Callable[..., Plan] = lambda **_: Plan(),  # TRANSITIONAL: required once every op has one
+    def op(self, name: str, *, doc: str, args: list[Arg], outputs: list[Output], check: Callable[..., Plan],
            result_bytes: Callable[..., int] | None = None, batchable: bool = False,
            iterative: bool = False) -> Callable:
         """Decorator declaring an op whose CPU kernel is the decorated function; ``check`` is
@@ -214,8 +213,7 @@ class Registry:
 
     def gpu(self, name: str, *, layouts: Mapping[str, tuple[str, ...]] | None = None,
             dtypes: tuple[str, ...] | None = None, matrices: tuple[str, ...] = (),
-            declines: Callable[[Plan], str | None] | None = None,
-            supports: Callable[..., str | None] | None = None) -> Callable:  # TRANSITIONAL
+            declines: Callable[[Plan], str | None] | None = None) -> Callable:
         """Decorator giving the declared op ``name`` its GPU kernel: ``fn(backend, **plan.args)``,
         array code over ``backend.xp``/``backend.sparse`` (``server/device.py``), and what it
         can take: per tensor argument the ``layouts`` it handles, the ``dtypes`` of the plan's
@@ -228,9 +226,6 @@ class Registry:
             op = self.ops[name]  # declared above it, in the same module
             if "cuda" in op.kernels:
                 raise ValueError(f"op {name!r} has two GPU kernels")
-            if supports is not None:  # TRANSITIONAL
-                op.kernels["cuda"] = GpuKernel(fn, {}, None, (), lambda plan: supports(**plan.args))
-                return fn
             op.kernels["cuda"] = GpuKernel(fn, dict(layouts or {}), dtypes, matrices, declines)
             return fn
 

@@ -104,7 +104,7 @@ CASES = [
     ("two inferred dimensions", "reshape", dict(sp_input=G, shape=[-1, -1]), "INVALID_ARGUMENT",
      "MULTIPLE_INFERRED_DIMENSIONS"),
     ("not a permutation", "transpose", dict(sp_input=G, perm=[0, 0]), "INVALID_ARGUMENT", "BAD_PERMUTATION"),
-    ("negative slice start", "slice", dict(sp_input=G, start=[-1, 0], size=[1, 1]), "INVALID_ARGUMENT",
+    ("negative slice size", "slice", dict(sp_input=G, start=[0, 0], size=[-1, 1]), "INVALID_ARGUMENT",
      "NEGATIVE_SLICE"),
     ("slice start of the wrong rank", "slice", dict(sp_input=G, start=[0], size=[1, 1]), "INVALID_ARGUMENT",
      "RANK_MISMATCH"),

@@ -11,6 +11,7 @@ the SDK over both wires, on a cluster that speaks TLS only too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -31,6 +32,7 @@ from sparseserve.errors import (InvalidArgumentError, NotFoundError, PermissionD
                                 ResourceExhaustedError, UnavailableError, UnimplementedError)
 from sparseserve.server import partition as part
 from sparseserve.server.config import ServerConfig
+from sparseserve.server.device import ArrayBackend
 from sparseserve.server.ops import REGISTRY
 from sparseserve.server.service import Service
 
@@ -278,6 +280,41 @@ def test_argument_errors_name_the_argument_before_any_block_runs(service, single
     assert got.value.reason == "AXIS_OUT_OF_RANGE"
     with pytest.raises(InvalidArgumentError, match="inner|dimension|shape"):
         execute(service, "matmul", {"a": handle, "b": np.ones(41)})
+
+
+def test_a_refusal_added_to_a_check_reaches_every_device_and_the_cluster(service, single, monkeypatch):
+    """One rule, one place: a refusal written once, in mul's check, is made on the CPU, on a GPU
+    worker (the numpy stand-in) before its kernel is asked, and on a partitioned tensor before
+    any block works, with one message (the whole shape) everywhere."""
+    op = REGISTRY.get("mul")
+
+    def check(sp_input, dense):
+        if dense.dtype == np.float16:
+            raise UnimplementedError(f"mul does not take a float16 dense (shape {list(sp_input.dense_shape)})",
+                                     reason="UNSUPPORTED_DTYPE")
+        return op.check(sp_input, dense)
+
+    gpu_calls = []
+    gpu_kernel = op.kernels["cuda"]
+    monkeypatch.setitem(REGISTRY.ops, "mul", dataclasses.replace(op, check=check, kernels={
+        **op.kernels, "cuda": dataclasses.replace(gpu_kernel, fn=lambda *a, **k: gpu_calls.append(1))}))
+    gpu = Service(ServerConfig(batch_window_ms=0), REGISTRY, backend=ArrayBackend.numpy_stand_in())
+    fallbacks = []
+    gpu.backend.on_fallback = lambda name, reason: fallbacks.append((name, reason))
+    try:
+        handle = HandleRef(put(service, A))
+        half = np.ones(40, np.float16)
+        messages = set()
+        for svc, sp_input in ((single, A), (gpu, A), (service, handle)):
+            with pytest.raises(UnimplementedError) as err:
+                execute(svc, "mul", {"sp_input": sp_input, "dense": half})
+            assert err.value.reason == "UNSUPPORTED_DTYPE"
+            messages.add(err.value.message)
+        assert messages == {f"mul does not take a float16 dense (shape {list(A.dense_shape)})"}
+        assert not gpu_calls and not fallbacks  # refused before the device was asked
+        assert_eq(execute(service, "mul", {"sp_input": handle, "dense": np.ones(40)}), A, exact=True)
+    finally:
+        gpu.close()
 
 
 def test_gathering_is_bounded_by_the_result_limit(cluster):

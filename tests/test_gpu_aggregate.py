@@ -4,9 +4,9 @@ Each call is bound with the op's real ``bind`` and run through the GPU backend's
 (``ArrayBackend.run``) and on the CPU kernel. Calls the GPU kernel supports must not fall back
 (so the device path really ran) and must agree with the CPU to a tight tolerance (sums run in
 another order on the device); the others fall back with the expected reason and give the CPU's
-answer or raise its error. The ``array_backend`` fixture runs everything on numpy + scipy.sparse
-standing in for CuPy, and on CuPy itself where a GPU is present (it skips with the reason
-otherwise).
+answer. Calls mm refuses are refused by its check before any device runs. The ``array_backend``
+fixture runs everything on numpy + scipy.sparse standing in for CuPy, and on CuPy itself where a
+GPU is present (it skips with the reason otherwise).
 """
 
 from __future__ import annotations
@@ -60,6 +60,15 @@ class Runs:
         assert not isinstance(got, Exception), f"the GPU kernel raised {got!r}"
         assert_eq(got, want, rtol=TOL, atol=TOL)
         return got
+
+    def refused(self, **args) -> SparseServeError:
+        """mm refuses the call before dispatch (its argument types or its check): no device
+        kernel, GPU or CPU, is asked to run it, and no fallback is counted."""
+        self.fallbacks.clear()
+        with pytest.raises(SparseServeError) as err:
+            OP.plan(OP.bind(args))
+        assert not self.fallbacks, self.fallbacks
+        return err.value
 
     def falls_back(self, reason: str, **args):
         got, want = self.both(**args)
@@ -142,12 +151,12 @@ def test_calls_it_cannot_take_fall_back(runs):
     runs.falls_back("dtype", mat1=half, mat2=x.astype(np.float16), reduce="mean")
     ints = SparseTensor(indices=t.indices, values=t.values.astype(np.int64), dense_shape=[4, 4])
     runs.falls_back("dtype", mat1=ints, mat2=x.astype(np.int64))
-    runs.falls_back("argument", mat1=ints, mat2=x.astype(np.int64), reduce="amax")
-    # block layouts, and everything the CPU kernel refuses (raised by it, with its reason)
+    runs.refused(mat1=ints, mat2=x.astype(np.int64), reduce="amax")
+    # block layouts; everything mm refuses is refused before any device (its check)
     runs.falls_back("layout", mat1=convert_blocks(t), mat2=x, reduce="amin")
-    runs.falls_back("argument", mat1=t, mat2=np.ones((3, 2)), reduce="mean")
-    runs.falls_back("argument", mat1=t, mat2=x, reduce="median")
-    runs.falls_back("argument", mat1=t, mat2=x.astype(np.float32), reduce="amax")
+    runs.refused(mat1=t, mat2=np.ones((3, 2)), reduce="mean")
+    runs.refused(mat1=t, mat2=x, reduce="median")
+    runs.refused(mat1=t, mat2=x.astype(np.float32), reduce="amax")
 
 
 def convert_blocks(t):

@@ -3,8 +3,9 @@
 Each call is bound with the op's real ``bind`` and run through the GPU backend's dispatch
 (``ArrayBackend.run``) and on the CPU kernel. Supported calls must not fall back and must give
 the CPU's answer exactly (dtype, shape and every value: inputs are small halves, so every sum
-is exact whatever order a device adds in); calls with a bad index or segment id, or a dtype the
-op refuses, fall back with the expected reason and raise the CPU's error. The backend is numpy
+is exact whatever order a device adds in); calls with a bad index or segment id fall back with
+the expected reason and raise the CPU's error, and calls the op's check refuses (a dtype, lengths,
+num_segments) are refused before any device runs. The backend is numpy
 standing in for CuPy (always) and CuPy itself where a GPU is (``array_backend`` in conftest).
 """
 
@@ -59,6 +60,16 @@ class Calls:
         if got.dtype.kind == "f":
             assert np.array_equal(np.signbit(got), np.signbit(want)), "signs of zeros"
         return got
+
+    def refused(self, name: str, **args) -> SparseServeError:
+        """The op refuses the call before dispatch (its argument types or its check): no device
+        kernel, GPU or CPU, is asked to run it, and no fallback is counted."""
+        self.fallbacks.clear()
+        op = REGISTRY.get(name)
+        with pytest.raises(SparseServeError) as err:
+            op.plan(op.bind(args))
+        assert not self.fallbacks, self.fallbacks
+        return err.value
 
     def falls_back(self, name: str, reason: str, **args):
         got, want = self.both(name, **args)
@@ -132,20 +143,18 @@ def test_gpu_bad_entries_fall_back_to_the_cpu_error(calls, op):
         "SEGMENT_ID_OUT_OF_RANGE"
     assert calls.falls_back(op, "argument", data=data, indices=[0, 1], segment_ids=[0, 2],
                             num_segments=2).reason == "SEGMENT_ID_OUT_OF_RANGE"
-    assert calls.falls_back(op, "argument", data=data, indices=[0, 1], segment_ids=[0]).reason == "SHAPE_MISMATCH"
-    assert calls.falls_back(op, "argument", data=data, indices=[0], segment_ids=[0],
-                            num_segments=-1).reason == "VALUE_OUT_OF_RANGE"
-    assert calls.falls_back(op, "argument", data=data, indices=np.array([0], np.int16),
-                            segment_ids=[0]).reason == "BAD_DTYPE"
+    assert calls.refused(op, data=data, indices=[0, 1], segment_ids=[0]).reason == "SHAPE_MISMATCH"
+    assert calls.refused(op, data=data, indices=[0], segment_ids=[0], num_segments=-1).reason == "VALUE_OUT_OF_RANGE"
+    assert calls.refused(op, data=data, indices=np.array([0], np.int16), segment_ids=[0]).reason == "BAD_DTYPE"
 
 
 def test_gpu_refused_dtypes_fall_back(calls):
-    assert calls.falls_back("segment_sum", "dtype", data=np.ones((2, 2), bool), indices=[0],
-                            segment_ids=[0]).reason == "UNSUPPORTED_DTYPE"
-    assert calls.falls_back("segment_sum", "dtype", data=np.ones((2, 2), np.complex64), indices=[0],
-                            segment_ids=[0]).reason == "UNSUPPORTED_DTYPE"
-    assert calls.falls_back("segment_mean", "dtype", data=np.ones((2, 2), np.int32), indices=[0],
-                            segment_ids=[0]).reason == "UNSUPPORTED_DTYPE"
+    assert calls.refused("segment_sum", data=np.ones((2, 2), bool), indices=[0],
+                         segment_ids=[0]).reason == "UNSUPPORTED_DTYPE"
+    assert calls.refused("segment_sum", data=np.ones((2, 2), np.complex64), indices=[0],
+                         segment_ids=[0]).reason == "UNSUPPORTED_DTYPE"
+    assert calls.refused("segment_mean", data=np.ones((2, 2), np.int32), indices=[0],
+                         segment_ids=[0]).reason == "UNSUPPORTED_DTYPE"
     swapped = np.ones((2, 2), ">f4")  # CuPy holds native byte order only: the CPU kernel answers
     got, want = calls.both("segment_sum", data=swapped, indices=[0, 1], segment_ids=[0, 0])
     assert calls.fallbacks == [("segment_sum", "dtype")]

@@ -6,7 +6,7 @@ structure and work in storage order (torch's ``values()``), checked against the 
 tensor listing the stored elements in that order; the others equal the COO answer converted
 back to the input's layout, blocksize and index dtype (structure exact). Inputs are canonical
 (each segment's plain indices strictly increasing) or not (repeats and disorder within
-segments, which SPEC section 2 allows). TensorFlow and PyTorch are compared in
+segments, which docs/contract.md, "Tensors", allows). TensorFlow and PyTorch are compared in
 ``tests/oracle/test_oracle_layouts.py``.
 """
 

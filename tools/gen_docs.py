@@ -86,7 +86,8 @@ def catalogue_page(catalogue: list[dict]) -> str:
         lines += [f"## `{entry['name']}`", "", entry["doc"], "", "Arguments:", ""]
         for arg in entry["args"]:
             layouts = f", layouts: {', '.join(arg['layouts'])}" if arg["layouts"] else ""
-            lines.append(f"- `{arg['name']}` ({arg['type']}, {_default(arg)}{layouts}): {arg['doc']}")
+            choices = f", one of: {', '.join(arg['choices'])}" if arg.get("choices") else ""
+            lines.append(f"- `{arg['name']}` ({arg['type']}, {_default(arg)}{layouts}{choices}): {arg['doc']}")
         lines += ["", "Outputs:", ""]
         lines += [f"- `{o['name']}` ({o['type']}): {o['doc']}" for o in entry["outputs"]]
         lines.append("")

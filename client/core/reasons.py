@@ -21,7 +21,7 @@ class Reason(StrEnum):
     meaning: str  # the broken rule, in one sentence
 
     @staticmethod
-    def _generate_next_value_(name, start, count, last_values):
+    def _generate_next_value_(name, *_):  # auto(): the member's value is its name
         return name
 
     def __new__(cls, value: str, codes: tuple[str, ...] | str, meaning: str):
@@ -110,7 +110,7 @@ class Reason(StrEnum):
     SHAPE_TOO_SMALL = (auto(), INVALID_ARGUMENT,
                        "A new shape is smaller than the tensor in some dimension; it may only grow.")
     DENSE_DIMS_CHANGED = auto(), INVALID_ARGUMENT, "A new shape changes the dense dimensions of a hybrid tensor."
-    NEGATIVE_SLICE = auto(), INVALID_ARGUMENT, "A slice start or size is negative."
+    NEGATIVE_SLICE = auto(), INVALID_ARGUMENT, "A slice size is negative (a negative start shifts the entries)."
     BAD_SLICE_STEP = auto(), INVALID_ARGUMENT, "A slice step is zero or negative; steps must be positive."
     TOO_MANY_INDICES = auto(), INVALID_ARGUMENT, "An index has more items than the tensor has dimensions."
     BAD_NUM_SPLIT = auto(), INVALID_ARGUMENT, "num_split is not between 1 and the size of the split dimension."

@@ -1,27 +1,24 @@
-"""Helpers shared by the ops' GPU kernels (``Registry.gpu``): building device results and the
-checks their ``supports`` functions share.
+"""Helpers shared by the ops' GPU kernels (``Registry.gpu``): building device results, and the
+device's limits the kernels' declarations name.
 
-A ``supports`` function reads metadata only. Its rule for bad arguments: whatever the CPU
-kernel would refuse (a shape mismatch, an unsupported dtype, an invalid axis ...) gets a reason
-here, so the call falls back and the CPU kernel raises its usual error with its usual message;
-a GPU kernel never has to phrase an error itself. Reasons are short metric labels:
-``dtype``, ``layout``, ``batched``, ``hybrid``, ``size``, ``argument`` (the CPU kernel refuses
-the arguments), ``shape`` (operands that do not fit together).
+Which calls a GPU kernel takes is declared beside it (layouts, dtypes, matrices, and a
+``declines`` function for what else the device cannot do); the op's ``check`` has made every
+refusal before dispatch, the same on every device, so nothing here repeats a rule of an op.
+A kernel that meets what only the entries reveal (a zero divisor, an index out of range)
+raises ``Fallback`` and the CPU kernel, which names the entry, answers.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
-from sparseserve.core.errors import SparseServeError
 
 from ..device import DeviceTensor
 
-INT32_MAX = int(np.iinfo(np.int32).max)
 # dtypes CuPy's sparse matrices (cuSPARSE) multiply; bool is refused by matmul itself.
 CUSPARSE_DTYPES = ("float32", "float64", "complex64", "complex128")
 
@@ -35,38 +32,6 @@ def quiet(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return kernel
-
-
-def refused(check: Callable[..., Any], *args, **kwargs) -> bool:
-    """Whether the op's own argument check raises for these arguments (the CPU kernel then
-    raises it for the caller)."""
-    try:
-        check(*args, **kwargs)
-    except (SparseServeError, ValueError, TypeError, OverflowError):
-        return True
-    return False
-
-
-def is_sparse(value) -> bool:
-    return isinstance(value, SparseTensor)
-
-
-def native(*arrays_or_tensors) -> bool:
-    """Every dtype in native byte order (CuPy holds no other)."""
-    return all(np.dtype(t.dtype).isnative for t in arrays_or_tensors)
-
-
-def plain_matrix(t: SparseTensor) -> str | None:
-    """None for a 2-D COO, CSR or CSC matrix without batch or dense dimensions, else why not."""
-    if t.layout in ("bsr", "bsc"):
-        return "layout"
-    if t.batch_ndim:
-        return "batched"
-    if t.dense_ndim:
-        return "hybrid"
-    if t.ndim != 2:
-        return "batched" if t.ndim > 2 else "argument"
-    return None
 
 
 def coo(dense_shape, indices, values, *, coalesced: bool) -> DeviceTensor:

@@ -5,7 +5,7 @@ each layout pair is converted. The index work runs in
 ``sparseserve.kernels.compressed``; values move here as opaque rows (a gather
 or a scatter), so every dtype takes the same path.
 
-Every function takes a tensor validated against SPEC section 2 (any index
+Every function takes a tensor validated against docs/contract.md ("Tensors") (any index
 order, repeats allowed) and never hands a kernel an order it has not checked.
 """
 
@@ -18,6 +18,8 @@ from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.kernels import compressed as ck
 from sparseserve.kernels._sort import frozen, gather_rows
 
+from ._sputils import index_dtype
+
 __all__ = ["SPARSE_LAYOUTS", "as_coo", "as_csr", "convert_layout", "BatchNseError", "view_sparse_ndim",
            "view_nnz", "entry_indices", "entry_values", "with_entry_values", "first_noncanonical",
            "sort_segments", "like", "keep_entries", "coo_view"]
@@ -25,7 +27,6 @@ __all__ = ["SPARSE_LAYOUTS", "as_coo", "as_csr", "convert_layout", "BatchNseErro
 SPARSE_LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
 ROW_MAJOR = ("csr", "bsr")
 TRANSPOSED = {"csr": "csc", "csc": "csr", "bsr": "bsc", "bsc": "bsr"}
-INT32_MAX = np.iinfo(np.int32).max
 
 
 class BatchNseError(ValueError):
@@ -84,12 +85,6 @@ def _batch_pointers(ptr: np.ndarray, n_batch: int, n_compressed: int, what: str)
         raise BatchNseError(counts, what)
     idx = np.arange(n_batch)[:, None] * n_compressed + np.arange(n_compressed + 1)[None, :]
     return ptr[idx] - starts[:-1, None]
-
-
-def _index_dtype(dtype, *limits: int) -> np.dtype:
-    """The wanted index dtype, or int64 where int32 cannot hold the result's indices."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.int64) if dtype == np.int32 and max(limits, default=0) > INT32_MAX else dtype
 
 
 # ------------------------------------------------------------------ compressed <-> compressed
@@ -166,19 +161,19 @@ def _compress(coo: SparseTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     return ptr, plain, indices, values
 
 
-def _to_csr(coo: SparseTensor, index_dtype) -> SparseTensor:
+def _to_csr(coo: SparseTensor, index) -> SparseTensor:
     s = coo.indices.shape[1]
     ptr, plain, _, values = _compress(coo)
     n_batch = int(np.prod(coo.dense_shape[:s - 2], dtype=np.int64))
     rows, cols = coo.dense_shape[s - 2], coo.dense_shape[s - 1]
     ci = _batch_pointers(ptr, n_batch, rows, "stored entries")
-    dtype = _index_dtype(index_dtype, plain.size, cols)
+    dtype = index_dtype(index, plain.size, cols)
     plain = plain.reshape(n_batch, plain.size // n_batch if n_batch else 0)
     return _compressed("csr", ci.astype(dtype, copy=False), plain.astype(dtype, copy=False),
                        values, coo.dense_shape, coo.dense_shape[:s - 2])
 
 
-def _to_bsr(coo: SparseTensor, blocksize, index_dtype) -> SparseTensor:
+def _to_bsr(coo: SparseTensor, blocksize, index) -> SparseTensor:
     """Coalesced COO -> BSR: a block is stored when any of its elements is; the others
     in it are zero."""
     s = coo.indices.shape[1]
@@ -191,7 +186,7 @@ def _to_bsr(coo: SparseTensor, blocksize, index_dtype) -> SparseTensor:
     inner = int(np.prod(dense, dtype=np.int64))
     n_blocks = block_pi.size
     values = ck.scatter_rows(coo.values.reshape(dest.size, inner), dest, n_blocks * br * bc)
-    dtype = _index_dtype(index_dtype, n_blocks, coo.dense_shape[s - 1] // bc)
+    dtype = index_dtype(index, n_blocks, coo.dense_shape[s - 1] // bc)
     return _compressed("bsr", ci.astype(dtype, copy=False),
                        block_pi.reshape(n_batch, n_blocks // n_batch if n_batch else 0).astype(dtype, copy=False),
                        values.reshape(n_blocks, br, bc, *dense), coo.dense_shape, coo.dense_shape[:s - 2],
@@ -264,7 +259,7 @@ def convert_layout(t: SparseTensor, layout: str, blocksize=None, dense_dim: int 
     dense_now = t.dense_ndim
     dense_dim = dense_now if dense_dim is None else int(dense_dim)
     blocksize = tuple(int(b) for b in blocksize) if layout in BLOCK_LAYOUTS else None
-    index_dtype = np.int64 if t.layout == "coo" else t.compressed_indices.dtype
+    index = np.int64 if t.layout == "coo" else t.compressed_indices.dtype
     if dense_dim == dense_now and t.layout != "coo":
         same_blocks = blocksize is None or tuple(t.blocksize or ()) == blocksize
         if layout == t.layout and same_blocks:
@@ -274,15 +269,15 @@ def convert_layout(t: SparseTensor, layout: str, blocksize=None, dense_dim: int 
         if layout == "coo":
             return as_coo(t)
     if dense_dim == dense_now and t.layout == "coo" and layout in ("csr", "csc"):
-        csr = _to_csr(t, index_dtype)  # sums duplicates only when the input is not coalesced
+        csr = _to_csr(t, index)  # sums duplicates only when the input is not coalesced
         return csr if layout == "csr" else transpose_compressed(csr)
     coo = _move_dense_dims(coalesced_coo(t), dense_dim)
     if layout == "coo":
         return coo
     if layout in ("csr", "csc"):
-        out = _to_csr(coo, index_dtype)
+        out = _to_csr(coo, index)
     else:
-        out = _to_bsr(coo, blocksize, index_dtype)
+        out = _to_bsr(coo, blocksize, index)
     return out if layout in ROW_MAJOR else transpose_compressed(out)
 
 
@@ -421,7 +416,7 @@ def _unsorted(t: SparseTensor) -> bool:
 
 
 def _cast_indices(t: SparseTensor, dtype) -> SparseTensor:
-    dtype = _index_dtype(dtype, t.nnz, *t.dense_shape[t.batch_ndim:t.batch_ndim + 2])
+    dtype = index_dtype(dtype, t.nnz, *t.dense_shape[t.batch_ndim:t.batch_ndim + 2])
     if t.compressed_indices.dtype == dtype and t.plain_indices.dtype == dtype:
         return t
     return SparseTensor(layout=t.layout, compressed_indices=t.compressed_indices.astype(dtype),

@@ -10,7 +10,10 @@ blocks (``to_sparse_coo().to_sparse_csr()``). The sum is the plain product (``ma
 every layout and every number dtype; the mean, maximum and minimum take float16, float32 and
 float64, as PyTorch does (float16 computed in float32).
 
-The products run on ``matmul``'s kernels (``kernels/linalg.py``) and the reductions on
+Each op's ``check`` (``_check_product`` at its heart) makes every refusal from metadata before
+any kernel runs, on every device; the kernels raise nothing of their own (no rule of theirs
+depends on the entries). The products run on ``matmul`` (called through the registry, so its
+own check guards its kernels) and ``kernels/linalg.py``, the reductions on
 ``kernels/aggregate.py``; values in a dtype the kernels are not compiled for are computed in
 a wider one and cast back (integers wrap as a native product would).
 """
@@ -26,39 +29,34 @@ from sparseserve.kernels import aggregate as agk
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import linalg as lk
 
-from ..argtypes import DENSE, SCALAR, SPARSE, STRING
-from ..registry import REGISTRY, Arg, Output
+from ..argtypes import DENSE, SCALAR, SPARSE, choice
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
 from ._common import cast_scalar
 from ._layouts import SPARSE_LAYOUTS, as_coo, as_csr, coalesced_coo
-from .linalg import matmul
+from ._sputils import INT32_MAX, as_product_dtype, product_dtype, shape_of
 
 REDUCES = tuple(agk.REDUCES)
 REDUCE_DTYPES = ("float16", "float32", "float64")
+REDUCE = choice(*REDUCES, reason=Reason.BAD_REDUCE)
 
 
-# ------------------------------------------------------------------ arguments
-def _shape(t) -> list[int]:
-    return [int(d) for d in (t.dense_shape if isinstance(t, SparseTensor) else t.shape)]
-
-
+# ------------------------------------------------------------------ checks
 def _check_product(op: str, mat1: SparseTensor, mat2: np.ndarray, *, reduce: str = "sum") -> tuple[int, int, int]:
-    """(m, n, k) of mat1 [m, n] @ mat2 [n, k], or the error naming the argument and the rule."""
-    if reduce not in REDUCES:
-        raise InvalidArgumentError(f"reduce = {reduce!r} is not one of {', '.join(REDUCES)}",
-                                   reason=Reason.BAD_REDUCE)
+    """(m, n, k) of mat1 [m, n] @ mat2 [n, k], or the error naming the argument and the rule:
+    mm's, addmm's and hspmm's refusals (``reduce``, a choice, is one of REDUCES already)."""
     if mat1.dense_ndim:
         raise UnimplementedError(f"{op} does not support hybrid tensors: mat1 has {mat1.dense_ndim} dense "
                                  "dimensions; convert it with dense_dim=0 first", reason=Reason.UNSUPPORTED_HYBRID)
     if mat1.ndim != 2:
-        raise InvalidArgumentError(f"mat1 has shape {_shape(mat1)}; {op} needs a sparse matrix (rank 2)",
+        raise InvalidArgumentError(f"mat1 has shape {shape_of(mat1)}; {op} needs a sparse matrix (rank 2)",
                                    reason=Reason.RANK)
     if mat2.ndim != 2:
-        raise InvalidArgumentError(f"mat2 has shape {_shape(mat2)}; {op} needs a dense matrix (rank 2)",
+        raise InvalidArgumentError(f"mat2 has shape {shape_of(mat2)}; {op} needs a dense matrix (rank 2)",
                                    reason=Reason.RANK)
     m, n = (int(d) for d in mat1.dense_shape)
     if mat2.shape[0] != n:
-        raise InvalidArgumentError(f"mat1 has shape {[m, n]} and mat2 has shape {_shape(mat2)}: mat2 must have "
+        raise InvalidArgumentError(f"mat1 has shape {[m, n]} and mat2 has shape {shape_of(mat2)}: mat2 must have "
                                    f"{n} rows (mat1's columns)", reason=Reason.SHAPE_MISMATCH)
     _check_dtype(op, mat1, "mat1", mat2, "mat2")
     if reduce != "sum" and mat1.dtype.name not in REDUCE_DTYPES:
@@ -81,10 +79,23 @@ def _dense_bytes(mat1, mat2, **_) -> int:
     try:
         return int(mat1.dense_shape[0]) * int(mat2.shape[-1]) * mat1.dtype.itemsize
     except (AttributeError, TypeError, IndexError):
-        return 0  # refused by the op itself
+        return 0  # arguments the check refuses
+
+
+def _product(mat1: SparseTensor, mat2: np.ndarray) -> np.ndarray:
+    """mat1 @ mat2 by ``matmul``, called through the registry: its own check guards its kernel
+    (our check has refused whatever it would refuse), so no rule of matmul's is copied here."""
+    op = REGISTRY.get("matmul")
+    bound = {arg.name: arg.default for arg in op.args if not arg.required}
+    return op.run("cpu", {**bound, "a": mat1, "b": mat2})[0]
 
 
 # ------------------------------------------------------------------ mm
+def check_mm(mat1: SparseTensor, mat2: np.ndarray, reduce: str = "sum") -> Plan:
+    m, _, k = _check_product("mm", mat1, mat2, reduce=reduce)
+    return Plan(dtype=mat1.dtype, layout="dense", shape=(m, k))
+
+
 def _reduce_csr(mat1: SparseTensor) -> SparseTensor:
     """The CSR whose rows PyTorch reduces for ``mat1`` (its own conversion's)."""
     if mat1.layout == "csr":
@@ -108,15 +119,16 @@ float16, float32 and float64 (UNIMPLEMENTED otherwise, as in PyTorch). mat1 has 
 dimensions. The GNN aggregation: mm(adjacency, features, reduce="mean").""",
     args=[Arg("mat1", SPARSE, "Sparse matrix [m, n] (COO, CSR, CSC, BSR or BSC).", layouts=SPARSE_LAYOUTS),
           Arg("mat2", DENSE, "Dense matrix [n, k].", layouts=("dense",)),
-          Arg("reduce", STRING, "sum, mean, amax or amin.", default="sum")],
+          Arg("reduce", REDUCE, "sum, mean, amax or amin.", default="sum")],
     outputs=[Output("output", "dense", "Dense [m, k].")],
+    check=check_mm,
     result_bytes=_dense_bytes,
 )
 def mm(mat1: SparseTensor, mat2: np.ndarray, reduce: str = "sum") -> np.ndarray:
-    m, _, k = _check_product("mm", mat1, mat2, reduce=reduce)
     if reduce == "sum":
-        return matmul(mat1, mat2)
+        return _product(mat1, mat2)
     dtype = mat1.dtype
+    m, k = int(mat1.dense_shape[0]), int(mat2.shape[1])
     compute = np.float32 if dtype == np.float16 else dtype
     if m * k == 0 or mat1.nnz == 0:
         return np.zeros((m, k), dtype)
@@ -129,25 +141,18 @@ def mm(mat1: SparseTensor, mat2: np.ndarray, reduce: str = "sum") -> np.ndarray:
 # ------------------------------------------------------------------ mm on the GPU
 # sum through the backend's sparse matrix product (cuSPARSE); mean as that sum over the row
 # counts; amax/amin as a per-row maximum of the entries' products (a sort, kernels/arrays.py's
-# group_max). 2-D COO/CSR/CSC in float32/float64 (sum: complex too); the rest run on the CPU,
-# as does every call the CPU kernel refuses (so it raises its usual error).
-def _mm_on_gpu(mat1, mat2, reduce="sum", **_) -> str | None:
-    if not _gpu.is_sparse(mat1) or _gpu.is_sparse(mat2):
-        return "argument"
-    if _gpu.refused(_check_product, "mm", mat1, mat2, reduce=reduce):
-        return "argument"
-    dtypes = _gpu.CUSPARSE_DTYPES if reduce == "sum" else agk.COMPUTE_DTYPES
-    if mat1.dtype.name not in dtypes or not _gpu.native(mat1, mat2):
-        return "dtype"
-    reason = _gpu.plain_matrix(mat1)
-    if reason is not None:
-        return reason
-    if max(mat1.dense_shape) > _gpu.INT32_MAX or mat1.nnz > _gpu.INT32_MAX or mat2.shape[1] > _gpu.INT32_MAX:
+# group_max). 2-D COO/CSR/CSC in float32/float64 (sum: complex too); the rest run on the CPU.
+def _mm_declines(plan: Plan) -> str | None:
+    mat1, mat2 = plan.args["mat1"], plan.args["mat2"]
+    if plan.args["reduce"] != "sum" and mat1.dtype.name not in agk.COMPUTE_DTYPES:
+        return "dtype"  # the sum takes cuSPARSE's dtypes (declared), the reductions only these
+    if max(mat1.dense_shape) > INT32_MAX or mat1.nnz > INT32_MAX or mat2.shape[1] > INT32_MAX:
         return "size"
     return None
 
 
-@REGISTRY.gpu("mm", supports=_mm_on_gpu)
+@REGISTRY.gpu("mm", layouts={"mat1": ("coo", "csr", "csc")}, dtypes=_gpu.CUSPARSE_DTYPES, matrices=("mat1",),
+              declines=_mm_declines)
 @_gpu.quiet
 def mm_gpu(be, mat1, mat2, reduce: str = "sum"):
     xp = be.xp
@@ -180,11 +185,22 @@ def mm_gpu(be, mat1, mat2, reduce: str = "sum"):
 
 
 # ------------------------------------------------------------------ addmm
+def check_addmm(input: np.ndarray, mat1: SparseTensor, mat2: np.ndarray, beta=1, alpha=1) -> Plan:
+    """The product's rules, input of mat1's dtype broadcasting to [m, k], and beta and alpha
+    representable in that dtype (the kernels take them cast)."""
+    m, _, k = _check_product("addmm", mat1, mat2)
+    _check_dtype("addmm", input, "input", mat1, "mat1")
+    _check_input(input, m, k)
+    dtype = mat1.dtype
+    return Plan(args={"beta": cast_scalar(beta, dtype, "beta"), "alpha": cast_scalar(alpha, dtype, "alpha")},
+                dtype=dtype, layout="dense", shape=(m, k))
+
+
 def _check_input(input: np.ndarray, m: int, k: int) -> None:
-    shape = tuple(int(d) for d in input.shape)
+    shape = shape_of(input)
     ok = len(shape) <= 2 and all(d in (1, want) for d, want in zip(shape[::-1], (k, m)))
     if not ok:
-        raise InvalidArgumentError(f"input has shape {list(shape)}, which does not broadcast to the product's "
+        raise InvalidArgumentError(f"input has shape {shape}, which does not broadcast to the product's "
                                    f"shape {[m, k]}", reason=Reason.SHAPE_MISMATCH)
 
 
@@ -203,22 +219,19 @@ float32); bool is UNIMPLEMENTED. alpha and beta must be representable in that dt
           Arg("beta", SCALAR, "Multiplier of input.", default=1),
           Arg("alpha", SCALAR, "Multiplier of mat1 @ mat2.", default=1)],
     outputs=[Output("output", "dense", "Dense [m, k].")],
+    check=check_addmm,
     result_bytes=_dense_bytes,
 )
 def addmm(input: np.ndarray, mat1: SparseTensor, mat2: np.ndarray, beta=1, alpha=1) -> np.ndarray:
-    m, _, k = _check_product("addmm", mat1, mat2)
-    _check_dtype("addmm", input, "input", mat1, "mat1")
-    _check_input(input, m, k)
+    """``beta`` and ``alpha`` come cast to mat1's dtype (the check)."""
     dtype = mat1.dtype
-    beta_c = cast_scalar(beta, dtype, "beta")
-    alpha_c = cast_scalar(alpha, dtype, "alpha")
-    product = matmul(mat1, mat2)
+    product = _product(mat1, mat2)
     if dtype.kind in "iu" or dtype == np.float16:  # wrap (integers) or round (float16) once, at the end
         compute = np.float32 if dtype == np.float16 else (np.uint64 if dtype.kind == "u" else np.int64)
         with np.errstate(all="ignore"):
-            out = _combine(product.astype(compute), input.astype(compute), compute(beta_c), compute(alpha_c))
+            out = _combine(product.astype(compute), input.astype(compute), compute(beta), compute(alpha))
             return out.astype(dtype)
-    return _combine(product, input, beta_c, alpha_c)
+    return _combine(product, input, beta, alpha)
 
 
 def _combine(product: np.ndarray, input: np.ndarray, beta, alpha) -> np.ndarray:
@@ -236,11 +249,16 @@ def _combine(product: np.ndarray, input: np.ndarray, beta, alpha) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ hspmm
+def check_hspmm(mat1: SparseTensor, mat2: np.ndarray) -> Plan:
+    m, _, k = _check_product("hspmm", mat1, mat2)
+    return Plan(dtype=mat1.dtype, layout="coo", shape=(m, k))
+
+
 def _hspmm_bytes(mat1, mat2, **_) -> int:
     try:
         return int(mat1.dense_shape[0]) * (int(mat2.shape[-1]) * mat1.dtype.itemsize + 8)
     except (AttributeError, TypeError, IndexError):
-        return 0
+        return 0  # arguments the check refuses
 
 
 @REGISTRY.op(
@@ -254,11 +272,12 @@ both; every number dtype (integers wrap; float16 accumulated in float32); bool i
     args=[Arg("mat1", SPARSE, "Sparse matrix [m, n] (COO, CSR, CSC, BSR or BSC).", layouts=SPARSE_LAYOUTS),
           Arg("mat2", DENSE, "Dense matrix [n, k].", layouts=("dense",))],
     outputs=[Output("output", "sparse", "Hybrid COO [m, k]: sparse rows, dense columns.")],
+    check=check_hspmm,
     result_bytes=_hspmm_bytes,
 )
 def hspmm(mat1: SparseTensor, mat2: np.ndarray) -> SparseTensor:
-    m, _, k = _check_product("hspmm", mat1, mat2)
     dtype = mat1.dtype
+    m, k = int(mat1.dense_shape[0]), int(mat2.shape[1])
     csr = as_csr(mat1 if mat1.layout in ("coo", "csr", "csc") else as_coo(mat1))
     ptr = np.asarray(csr.compressed_indices, np.int64)
     rows = np.flatnonzero(ptr[1:] != ptr[:-1])
@@ -271,25 +290,10 @@ def hspmm(mat1: SparseTensor, mat2: np.ndarray) -> SparseTensor:
         idx = idx.astype(np.int64)
     # the rows with entries, one after another; one index dtype, as matmul's kernels are warmed
     compact = np.append(ptr[rows], ptr[-1]).astype(idx.dtype)
-    compute = _compute_dtype(dtype)
-    values = lk.spmm(compact, idx, _as(csr.values, compute), _as(mat2, compute), r, False)
-    if compute != dtype:
+    values = lk.spmm(compact, idx, as_product_dtype(csr.values), as_product_dtype(mat2), r, False)
+    if product_dtype(dtype) != dtype:
         with np.errstate(all="ignore"):
             values = values.view(np.uint64) if dtype == np.uint64 else values.astype(dtype)
     # torch builds it with set_indices_and_values_unsafe, which flags nnz < 2 as coalesced
     return SparseTensor(indices=rows.astype(np.int64).reshape(r, 1), values=values, dense_shape=[m, k],
                         coalesced=r < 2)
-
-
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype matmul's kernels run ``dtype`` in (float16 in float32, narrow integers and uint64 in int64)."""
-    if dtype.name in lk.COMPUTE_DTYPES:
-        return dtype
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(np.int64)
-
-
-def _as(a: np.ndarray, compute: np.dtype) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    if a.dtype == np.uint64:
-        return a.view(np.int64)
-    return a.astype(compute, copy=False)

@@ -15,8 +15,10 @@ dimension cuts every entry's values; reset_shape bounds the sparse dimensions an
 the dense ones.
 
 All index work is a handful of vectorised numpy passes (a stable sort by piece for split):
-no per-entry Python loop, so no numba kernel of its own. Every argument a pass relies on
-is checked before it runs, and every result's size is declared (``result_bytes``) so that
+no per-entry Python loop, so no numba kernel of its own. Each op's ``check`` makes every
+refusal that metadata decides before any pass runs (axes are normalised when the call binds:
+``axis_of``; eye's dtype and spdiags' layout are choices); only spdiags' kernel refuses, on what
+its offsets hold. Every result's size is declared (``result_bytes``) so that
 --max-result-bytes refuses an eye of 10^9 rows before anything is allocated.
 """
 
@@ -25,15 +27,16 @@ from __future__ import annotations
 import numpy as np
 
 from sparseserve import kernels
-from sparseserve.core.dtypes import dtype_from_name
-from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
+from sparseserve.core.dtypes import DTYPE_NAMES
+from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.validate import INT64_MAX, check_shape
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.reasons import Reason
 
-from ..argtypes import DENSE, INT, INT_LIST, OPTIONAL_INT, SPARSE, STRING
-from ..registry import REGISTRY, Arg, Output
-from ._layouts import SPARSE_LAYOUTS, as_coo, convert_layout
+from ..argtypes import DENSE, INT, INT_LIST, OPTIONAL_INT, SPARSE, axis_of, choice
+from ..registry import REGISTRY, Arg, Output, Plan
+from ._sputils import prod
+from ._layouts import SPARSE_LAYOUTS, as_coo, convert_layout, view_nnz, view_sparse_ndim
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (any sparse layout; compressed ones are "
                "worked on in their COO form).", layouts=SPARSE_LAYOUTS)
@@ -44,29 +47,10 @@ SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (any sparse layout; 
 PIECE_OVERHEAD_BYTES = 512
 
 
-def _prod(dims) -> int:
-    out = 1
-    for d in dims:
-        out *= int(d)
-    return out
-
-
-def _coo_nnz(t: SparseTensor) -> int:
-    """Entries of the tensor's COO form (a compressed tensor's blocks expand to their elements)."""
-    if t.layout == "coo":
-        return t.nnz
-    block = _prod(t.blocksize) if t.layout in BLOCK_LAYOUTS else 1
-    return _prod(t.dense_shape[:t.batch_ndim]) * t.nnz * block
-
-
-def _coo_sparse_ndim(t: SparseTensor) -> int:
-    return t.sparse_ndim + t.batch_ndim
-
-
 def _coo_bytes(t: SparseTensor, extra_sparse: int = 0) -> int:
     """Bytes of the tensor's COO form, with ``extra_sparse`` more index columns."""
-    s = _coo_sparse_ndim(t)
-    return _coo_nnz(t) * (8 * (s + extra_sparse) + _prod(t.dense_shape[s:]) * t.dtype.itemsize)
+    s = view_sparse_ndim(t)
+    return view_nnz(t) * (8 * (s + extra_sparse) + prod(t.dense_shape[s:]) * t.dtype.itemsize)
 
 
 def _coo_form(t: SparseTensor) -> SparseTensor:
@@ -80,30 +64,24 @@ def _coo_form(t: SparseTensor) -> SparseTensor:
     return SparseTensor(indices=indices, values=values, dense_shape=c.dense_shape, coalesced=False)
 
 
-def _axis(axis: int, rank: int, name: str, what: str) -> int:
-    """``axis`` in [-rank, rank) made non-negative, else INVALID_ARGUMENT."""
-    if not -rank <= axis < rank:
-        raise InvalidArgumentError(f"{name} = {axis} is out of range [{-rank}, {rank}) for {what}",
-                                   reason=Reason.AXIS_OUT_OF_RANGE)
-    return axis + rank if axis < 0 else axis
-
-
 # ------------------------------------------------------------------------ split
-def _split_plan(sp_input: SparseTensor, num_split: int, axis: int) -> tuple[int, list[int]]:
-    """(the axis made non-negative, the size of each piece): TensorFlow's sizes, the first
-    ``dim % num_split`` pieces one longer than the rest."""
-    axis = _axis(axis, sp_input.ndim, "axis", f"sp_input of rank {sp_input.ndim}")
+def check_split(sp_input: SparseTensor, num_split: int, axis: int) -> Plan:
+    """Between 1 and dense_shape[axis] pieces (axis made non-negative when the call binds)."""
     dim = int(sp_input.dense_shape[axis])
     if not 1 <= num_split <= dim:
         raise InvalidArgumentError(
             f"num_split = {num_split} must be between 1 and the size of the split dimension, "
             f"dense_shape[{axis}] = {dim}", reason=Reason.BAD_NUM_SPLIT)
+    return Plan(dtype=sp_input.dtype, layout="coo")  # the pieces' shapes: one per piece
+
+
+def _piece_sizes(dim: int, num_split: int) -> list[int]:
+    """TensorFlow's sizes: the first ``dim % num_split`` pieces one longer than the rest."""
     size, extra = divmod(dim, num_split)
-    return axis, [size + 1 if i < extra else size for i in range(num_split)]
+    return [size + 1 if i < extra else size for i in range(num_split)]
 
 
-def _split_bytes(sp_input, num_split, axis, **_) -> int:
-    _split_plan(sp_input, num_split, axis)
+def _split_bytes(sp_input, num_split, **_) -> int:
     return _coo_bytes(sp_input) + num_split * (PIECE_OVERHEAD_BYTES + 8 * sp_input.ndim)
 
 
@@ -121,12 +99,13 @@ row-major order. The output is a list: on the wire the entries output[] (the cou
 output[0], output[1], ...; in the SDK a Python list.""",
     args=[SP_INPUT,
           Arg("num_split", INT, "How many tensors to cut sp_input into."),
-          Arg("axis", INT, "The dimension to split along (negative: counted from the end).")],
+          Arg("axis", axis_of("sp_input"), "The dimension to split along (negative: counted from the end).")],
     outputs=[Output("output", "sparse_list", "The num_split pieces, in order along axis.")],
+    check=check_split,
     result_bytes=_split_bytes,
 )
 def split(sp_input: SparseTensor, num_split: int, axis: int) -> list[SparseTensor]:
-    axis, sizes = _split_plan(sp_input, num_split, axis)
+    sizes = _piece_sizes(int(sp_input.dense_shape[axis]), num_split)
     t = _coo_form(sp_input)
     s = t.indices.shape[1]
     shape = tuple(int(d) for d in t.dense_shape)
@@ -162,17 +141,17 @@ def split(sp_input: SparseTensor, num_split: int, axis: int) -> list[SparseTenso
 
 
 # ------------------------------------------------------------------ expand_dims
-def _expand_axis(sp_input: SparseTensor, axis: int) -> int:
-    rank = sp_input.ndim
-    if not -(rank + 1) <= axis <= rank:
-        raise InvalidArgumentError(f"axis = {axis} is out of range [{-(rank + 1)}, {rank}] for sp_input "
-                                   f"of rank {rank}", reason=Reason.AXIS_OUT_OF_RANGE)
-    return axis + rank + 1 if axis < 0 else axis
+def _expanded(shape, axis: int) -> tuple[int, ...]:
+    return (*shape[:axis], 1, *shape[axis:])
+
+
+def check_expand_dims(sp_input: SparseTensor, axis: int) -> Plan:
+    """Nothing to refuse once the call binds (axis_of made axis a position in [0, rank])."""
+    return Plan(dtype=sp_input.dtype, layout="coo", shape=_expanded(sp_input.dense_shape, axis))
 
 
 def _expand_dims_bytes(sp_input, axis, **_) -> int:
-    axis = _expand_axis(sp_input, axis)
-    return _coo_bytes(sp_input, 1 if axis <= _coo_sparse_ndim(sp_input) else 0)
+    return _coo_bytes(sp_input, 1 if axis <= view_sparse_ndim(sp_input) else 0)
 
 
 @REGISTRY.op(
@@ -184,16 +163,16 @@ def _expand_dims_bytes(sp_input, axis, **_) -> int:
 a later one a dense dimension (the values gain an axis of length 1). Layouts: any in, COO out
 (a compressed input's COO form, in row-major order).""",
     args=[SP_INPUT,
-          Arg("axis", INT, "Where the new dimension goes (negative: counted from the end, -1 last).")],
+          Arg("axis", axis_of("sp_input", extra=1),
+              "Where the new dimension goes (negative: counted from the end, -1 last).")],
     outputs=[Output("output", "sparse", "The tensor with one more dimension, entries in input order.")],
+    check=check_expand_dims,
     result_bytes=_expand_dims_bytes,
 )
 def expand_dims(sp_input: SparseTensor, axis: int) -> SparseTensor:
-    axis = _expand_axis(sp_input, axis)
     t = _coo_form(sp_input)
     s = t.indices.shape[1]
-    shape = tuple(int(d) for d in t.dense_shape)
-    out_shape = (*shape[:axis], 1, *shape[axis:])
+    out_shape = _expanded(tuple(int(d) for d in t.dense_shape), axis)
     if axis <= s:
         indices = np.insert(t.indices, axis, 0, axis=1)
         return SparseTensor(indices=np.ascontiguousarray(indices, dtype=np.int64), values=t.values,
@@ -203,19 +182,19 @@ def expand_dims(sp_input: SparseTensor, axis: int) -> SparseTensor:
 
 
 # -------------------------------------------------------------------------- eye
-def _eye_plan(num_rows: int, num_columns: int | None, dtype: str) -> tuple[int, int, np.dtype]:
-    dt = dtype_from_name(dtype, argument="dtype")
+def check_eye(num_rows: int, num_columns: int | None = None, dtype: str = "float32") -> Plan:
+    """Two sizes whose element count fits int64; the kernels take num_columns resolved."""
     cols = num_rows if num_columns is None else num_columns
     for name, value in (("num_rows", num_rows), ("num_columns", cols)):
         if value < 0:
             raise InvalidArgumentError(f"{name} = {value} is negative", reason=Reason.NEGATIVE_DIMENSION)
-    check_shape((num_rows, cols), "[num_rows, num_columns]")
-    return num_rows, cols, dt
+    shape = check_shape((num_rows, cols), "[num_rows, num_columns]")
+    return Plan(args={"num_columns": cols}, dtype=np.dtype(dtype), layout="coo", shape=shape)
 
 
 def _eye_bytes(num_rows, num_columns=None, dtype="float32", **_) -> int:
-    rows, cols, dt = _eye_plan(num_rows, num_columns, dtype)
-    return min(rows, cols) * (16 + dt.itemsize)
+    cols = num_rows if num_columns is None else num_columns
+    return min(num_rows, cols) * (16 + np.dtype(dtype).itemsize)
 
 
 @REGISTRY.op(
@@ -227,23 +206,25 @@ does not fit int64, is INVALID_ARGUMENT; a result over --max-result-bytes is
 RESOURCE_EXHAUSTED before anything is allocated.""",
     args=[Arg("num_rows", INT, "Rows of the matrix."),
           Arg("num_columns", OPTIONAL_INT, "Columns of the matrix (default: num_rows).", default=None),
-          Arg("dtype", STRING, "The dtype of the values (a numpy name).", default="float32")],
+          Arg("dtype", choice(*DTYPE_NAMES, reason=Reason.BAD_DTYPE), "The dtype of the values (a numpy name).",
+              default="float32")],
     outputs=[Output("output", "sparse", "The identity matrix (COO, coalesced).")],
+    check=check_eye,
     result_bytes=_eye_bytes,
 )
-def eye(num_rows: int, num_columns: int | None = None, dtype: str = "float32") -> SparseTensor:
-    rows, cols, dt = _eye_plan(num_rows, num_columns, dtype)
-    n = min(rows, cols)
+def eye(num_rows: int, num_columns: int, dtype: str = "float32") -> SparseTensor:
+    n = min(num_rows, num_columns)
     diagonal = np.arange(n, dtype=np.int64)
-    return SparseTensor(indices=np.stack([diagonal, diagonal], axis=1), values=np.ones(n, dt),
-                        dense_shape=(rows, cols), coalesced=True)
+    return SparseTensor(indices=np.stack([diagonal, diagonal], axis=1), values=np.ones(n, np.dtype(dtype)),
+                        dense_shape=(num_rows, num_columns), coalesced=True)
 
 
 # ------------------------------------------------------------------ reset_shape
-def _reset_shape_plan(sp_input: SparseTensor, new_shape: list[int] | None) -> tuple[int, ...] | None:
-    """The checked new_shape (None: the tight one, computed from the indices)."""
+def check_reset_shape(sp_input: SparseTensor, new_shape: list[int] | None = None) -> Plan:
+    """new_shape (when given) has sp_input's rank and dense dimensions, fits int64 and grows no
+    dimension smaller; without it the indices decide the shape."""
     if new_shape is None:
-        return None
+        return Plan(dtype=sp_input.dtype, layout="coo")
     old = tuple(int(d) for d in sp_input.dense_shape)
     if len(new_shape) != len(old):
         raise InvalidArgumentError(
@@ -258,17 +239,16 @@ def _reset_shape_plan(sp_input: SparseTensor, new_shape: list[int] | None) -> tu
             raise InvalidArgumentError(
                 f"new_shape[{d}] = {new} is smaller than sp_input.dense_shape[{d}] = {was}; new_shape "
                 "may only grow the shape (pass no new_shape for the tightest one)", reason=Reason.SHAPE_TOO_SMALL)
-    s = _coo_sparse_ndim(sp_input)
+    s = view_sparse_ndim(sp_input)
     if shape[s:] != old[s:]:
         raise InvalidArgumentError(
             f"new_shape = {list(shape)} changes the dense dimensions {list(old[s:])} of the hybrid "
             f"sp_input (dense_shape {list(old)}); only its {s} sparse dimensions may grow",
             reason=Reason.DENSE_DIMS_CHANGED)
-    return shape
+    return Plan(dtype=sp_input.dtype, layout="coo", shape=shape)
 
 
-def _reset_shape_bytes(sp_input, new_shape=None, **_) -> int:
-    _reset_shape_plan(sp_input, new_shape)
+def _reset_shape_bytes(sp_input, **_) -> int:
     return _coo_bytes(sp_input)
 
 
@@ -286,32 +266,35 @@ compressed input's COO form, in row-major order).""",
           Arg("new_shape", INT_LIST, "The new dense shape (default: the tightest bounding shape).",
               default=None)],
     outputs=[Output("output", "sparse", "sp_input with the new dense_shape.")],
+    check=check_reset_shape,
     result_bytes=_reset_shape_bytes,
 )
 def reset_shape(sp_input: SparseTensor, new_shape: list[int] | None = None) -> SparseTensor:
-    shape = _reset_shape_plan(sp_input, new_shape)
     t = _coo_form(sp_input)
-    if shape is None:
+    if new_shape is None:  # the tightest: what the indices reach
         s = t.indices.shape[1]
         tight = t.indices.max(axis=0) + 1 if t.nnz else np.zeros(s, np.int64)
-        shape = (*(int(d) for d in tight), *(int(d) for d in t.dense_shape[s:]))
-    return SparseTensor(indices=t.indices, values=t.values, dense_shape=shape, coalesced=t.coalesced)
+        new_shape = [*(int(d) for d in tight), *(int(d) for d in t.dense_shape[s:])]
+    return SparseTensor(indices=t.indices, values=t.values, dense_shape=new_shape, coalesced=t.coalesced)
 
 
 # ---------------------------------------------------------------------- spdiags
-_SPDIAGS_LAYOUTS = ("coo", "csr", "csc")
+def _block_layout(value: str, name: str) -> UnimplementedError | None:
+    """BSR and BSC are layouts spdiags does not answer in (torch's neither), not unknown words."""
+    if value not in ("bsr", "bsc"):
+        return None
+    return UnimplementedError(f"spdiags answers in layout coo, csr or csc, not {value} (as "
+                              "torch.sparse.spdiags)", reason=Reason.UNSUPPORTED_LAYOUT)
 
 
-def _spdiags_plan(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], layout: str | None):
-    """(diagonals as [n_diag, L], offsets as int64 [n_diag], (rows, cols), layout, per-diagonal
-    first row, first column and length), every rule checked."""
-    layout = "coo" if layout is None else layout
-    if layout not in _SPDIAGS_LAYOUTS:
-        if layout in ("bsr", "bsc"):
-            raise UnimplementedError(f"spdiags answers in layout coo, csr or csc, not {layout} (as "
-                                     "torch.sparse.spdiags)", reason=Reason.UNSUPPORTED_LAYOUT)
-        raise InvalidArgumentError(f"layout = {layout!r} must be null, 'coo', 'csr' or 'csc'",
-                                   reason=Reason.BAD_LAYOUT)
+SPDIAGS_LAYOUT = choice("coo", "csr", "csc", reason=Reason.BAD_LAYOUT, hint="null (the default) means coo",
+                        explain=_block_layout)
+
+
+def check_spdiags(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], layout: str | None = None) -> Plan:
+    """diagonals a vector or a matrix, offsets an integer scalar or vector with one offset per
+    diagonal, shape two sizes; the kernels take layout resolved (null is coo). What the offsets
+    hold (repeats, uint64 past int64) is the kernel's to check."""
     if diagonals.ndim not in (1, 2):
         raise InvalidArgumentError(f"diagonals must be a vector or a matrix, not of rank {diagonals.ndim}",
                                    reason=Reason.BAD_DIAGONALS)
@@ -321,22 +304,25 @@ def _spdiags_plan(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], 
     if offsets.dtype.kind not in "iu":
         raise InvalidArgumentError(f"offsets must hold integers, not {offsets.dtype.name}",
                                    reason=Reason.BAD_OFFSETS)
-    if offsets.dtype == np.uint64 and offsets.size and int(offsets.max()) > INT64_MAX:
-        raise InvalidArgumentError("offsets must fit int64", reason=Reason.BAD_OFFSETS)
     if len(shape) != 2:
         raise InvalidArgumentError(f"shape = {list(shape)} must have 2 entries: spdiags makes a matrix",
                                    reason=Reason.RANK_MISMATCH)
-    rows, cols = check_shape(shape, "shape")
+    out_shape = check_shape(shape, "shape")
+    count = 1 if diagonals.ndim == 1 else diagonals.shape[0]
+    if count != offsets.size:
+        raise InvalidArgumentError(
+            f"diagonals holds {count} diagonals (rows) but offsets has {offsets.size} entries",
+            reason=Reason.SIZE_MISMATCH)
+    layout = "coo" if layout is None else layout
+    return Plan(args={"layout": layout}, dtype=diagonals.dtype, layout=layout, shape=out_shape)
+
+
+def _spans(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int]):
+    """(diagonals as [n_diag, L], offsets as int64 [n_diag], and per diagonal its first row,
+    first column and length)."""
+    rows, cols = (int(d) for d in shape)
     diagonals = diagonals.reshape(1, -1) if diagonals.ndim == 1 else diagonals
     offsets = offsets.reshape(-1).astype(np.int64)
-    if diagonals.shape[0] != offsets.size:
-        raise InvalidArgumentError(
-            f"diagonals holds {diagonals.shape[0]} diagonals (rows) but offsets has {offsets.size} entries",
-            reason=Reason.SIZE_MISMATCH)
-    unique, counts = np.unique(offsets, return_counts=True)
-    if np.any(counts > 1):
-        raise InvalidArgumentError(f"offsets repeats {int(unique[np.argmax(counts > 1)])}; each diagonal "
-                                   "may be given once", reason=Reason.DUPLICATE_OFFSETS)
     # Diagonal k's element j (a column) lands at [j - k, j]: columns from max(k, 0), rows from
     # max(-k, 0), as many as the matrix and the row of diagonals hold (none past either).
     # Offsets are clipped to [-rows, cols] first (past those a diagonal is empty either way),
@@ -346,12 +332,13 @@ def _spdiags_plan(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], 
     first_row = np.maximum(-clipped, 0)
     length = np.minimum(np.minimum(rows - first_row, cols - first_col), diagonals.shape[1] - first_col)
     length = np.maximum(length, 0)
-    return diagonals, offsets, (rows, cols), layout, first_row, first_col, length
+    return diagonals, offsets, first_row, first_col, length
 
 
 def _spdiags_bytes(diagonals, offsets, shape, layout=None, **_) -> int:
-    diagonals, _, (rows, cols), layout, *_, length = _spdiags_plan(diagonals, offsets, shape, layout)
-    pointers = 8 * ((rows if layout == "csr" else cols) + 1) if layout != "coo" else 0
+    *_, length = _spans(diagonals, offsets, shape)
+    rows, cols = shape
+    pointers = 8 * ((rows if layout == "csr" else cols) + 1) if layout in ("csr", "csc") else 0
     return int(length.sum()) * (16 + diagonals.dtype.itemsize) + pointers
 
 
@@ -371,13 +358,20 @@ in the order of offsets (each diagonal top-left first, not coalesced, as torch's
           Arg("offsets", DENSE, "The diagonal each row of diagonals goes on (integers; a scalar for one).",
               layouts=("dense",)),
           Arg("shape", INT_LIST, "[rows, columns] of the result."),
-          Arg("layout", STRING, "The result's layout: null (COO), coo, csr or csc.", default=None)],
+          Arg("layout", SPDIAGS_LAYOUT, "The result's layout: null (COO), coo, csr or csc.", default=None)],
     outputs=[Output("output", "sparse", "The matrix with those diagonals.")],
+    check=check_spdiags,
     result_bytes=_spdiags_bytes,
 )
-def spdiags(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], layout: str | None = None) -> SparseTensor:
-    diagonals, offsets, out_shape, layout, first_row, first_col, length = \
-        _spdiags_plan(diagonals, offsets, shape, layout)
+def spdiags(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], layout: str) -> SparseTensor:
+    # What the offsets hold decides these two: the kernel's to say.
+    if offsets.dtype == np.uint64 and offsets.size and int(offsets.max()) > INT64_MAX:
+        raise InvalidArgumentError("offsets must fit int64", reason=Reason.BAD_OFFSETS)
+    diagonals, offsets, first_row, first_col, length = _spans(diagonals, offsets, shape)
+    unique, counts = np.unique(offsets, return_counts=True)
+    if np.any(counts > 1):
+        raise InvalidArgumentError(f"offsets repeats {int(unique[np.argmax(counts > 1)])}; each diagonal "
+                                   "may be given once", reason=Reason.DUPLICATE_OFFSETS)
     total = int(length.sum())
     which = np.repeat(np.arange(offsets.size, dtype=np.int64), length)
     starts = np.cumsum(length) - length
@@ -385,7 +379,7 @@ def spdiags(diagonals: np.ndarray, offsets: np.ndarray, shape: list[int], layout
     rows = first_row[which] + position
     cols = first_col[which] + position
     values = np.ascontiguousarray(diagonals[which, cols]) if total else np.zeros(0, diagonals.dtype)
-    coo = SparseTensor(indices=np.stack([rows, cols], axis=1), values=values, dense_shape=out_shape,
+    coo = SparseTensor(indices=np.stack([rows, cols], axis=1), values=values, dense_shape=shape,
                        coalesced=offsets.size <= 1)
     if layout == "coo":
         return coo

@@ -1,4 +1,10 @@
-"""COO basics: reorder, coalesce, to_dense, from_dense."""
+"""COO basics: reorder, coalesce, to_dense, from_dense.
+
+Each op's ``check`` makes its refusals from metadata before any kernel, on every device; the
+kernels raise only what the entries decide (unsorted or repeated indices when validate_indices
+asks, batches a coalesce would leave unequal). A shape whose element count int64 cannot hold
+never gets here: the tensor's validation (docs/contract.md, "Tensors") refuses it when it binds.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,10 @@ from sparseserve.kernels import arrays as ka
 from ..argtypes import BOOL, DENSE, OPTIONAL_INT, SCALAR, SPARSE
 from ..device import Fallback
 from ..partition import Rowwise
-from ..registry import REGISTRY, Arg, Output
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
 from ._common import cast_scalar, check_ordered, coo
+from ._sputils import prod
 from ._layouts import SPARSE_LAYOUTS, BatchNseError, coo_view, coalesced_coo, first_noncanonical, like, sort_segments
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (any sparse layout).", layouts=SPARSE_LAYOUTS)
@@ -36,6 +43,13 @@ def _canonical_or_raise(t: SparseTensor, remedy: str) -> bool:
                                "validate_indices=false", reason=Reason.INDICES_UNSORTED)
 
 
+# ------------------------------------------------------------- reorder, coalesce
+def check_reorder(sp_input: SparseTensor) -> Plan:
+    """Nothing to refuse: every validated tensor (a merged batch too) has an order; the result
+    has the input's dtype, layout and shape."""
+    return Plan(dtype=sp_input.dtype, layout=sp_input.layout, shape=sp_input.dense_shape)
+
+
 @REGISTRY.op(
     "reorder",
     doc="""Reorders a sparse tensor into the canonical row-major order (tf.sparse.reorder).
@@ -44,6 +58,7 @@ CSR, CSC, BSR, BSC: the result keeps the layout, with each row's (column's) plai
 ascending (repeats kept in order); a tensor already so is returned as it is.""",
     args=[SP_INPUT],
     outputs=[Output("output", "sparse", "The same entries in row-major order.")],
+    check=check_reorder,
     batchable=True,
 )
 def reorder(sp_input: SparseTensor) -> SparseTensor:
@@ -53,19 +68,19 @@ def reorder(sp_input: SparseTensor) -> SparseTensor:
     return coo(indices, values, sp_input, coalesced=False)
 
 
-# GPU kernels of the COO basics: every dtype (values move by gathers; sums go through
-# ``arrays.segment_sum``, which has a work form for each SPEC dtype).
-def _coo_on_gpu(sp_input, **_) -> str | None:
-    if sp_input.layout != "coo":
-        return "layout"
-    return None if _gpu.native(sp_input) else "dtype"
+# GPU kernels of the COO basics: COO inputs, every dtype (values move by gathers; sums go
+# through ``arrays.segment_sum``, which has a work form for each dtype of docs/contract.md).
+_ON_GPU = {"sp_input": ("coo",)}
 
 
-@REGISTRY.gpu("reorder", supports=_coo_on_gpu)
+@REGISTRY.gpu("reorder", layouts=_ON_GPU)
 @_gpu.quiet
 def reorder_gpu(be, sp_input: SparseTensor) -> SparseTensor:
     indices, values = ka.reorder(be.xp, sp_input.indices, sp_input.values, sp_input.dense_shape)
     return _gpu.coo(sp_input.dense_shape, indices, values, coalesced=False)
+
+
+check_coalesce = check_reorder  # the same rules (none) and the same result metadata
 
 
 @REGISTRY.op(
@@ -78,6 +93,7 @@ returned as it is. A batched tensor whose batches would then hold different numb
 INVALID_ARGUMENT (BATCH_NSE_MISMATCH).""",
     args=[SP_INPUT],
     outputs=[Output("output", "sparse", "Unique indices, sorted, with summed values.")],
+    check=check_coalesce,
     batchable=True,
 )
 def coalesce(sp_input: SparseTensor) -> SparseTensor:
@@ -86,13 +102,13 @@ def coalesce(sp_input: SparseTensor) -> SparseTensor:
             return sp_input
         try:
             return like(coalesced_coo(sp_input), sp_input)
-        except BatchNseError as exc:
+        except BatchNseError as exc:  # which indices repeat decides it: the kernel's to say
             raise InvalidArgumentError(f"coalesce of sp_input: {exc}", reason=Reason.BATCH_NSE_MISMATCH) from None
     indices, values = kernels.coalesce(sp_input.indices, sp_input.values, sp_input.dense_shape)
     return coo(indices, values, sp_input, coalesced=True)
 
 
-@REGISTRY.gpu("coalesce", supports=_coo_on_gpu)
+@REGISTRY.gpu("coalesce", layouts=_ON_GPU)
 @_gpu.quiet
 def coalesce_gpu(be, sp_input: SparseTensor) -> SparseTensor:
     indices, values = ka.coalesce(be.xp, sp_input.indices, sp_input.values, sp_input.dense_shape,
@@ -100,8 +116,15 @@ def coalesce_gpu(be, sp_input: SparseTensor) -> SparseTensor:
     return _gpu.coo(sp_input.dense_shape, indices, values, coalesced=True)
 
 
+# --------------------------------------------------------------------- to_dense
+def check_to_dense(sp_input: SparseTensor, default_value=0, validate_indices: bool = True) -> Plan:
+    """default_value takes the values' dtype unchanged; the kernels get it cast."""
+    default = cast_scalar(default_value, sp_input.dtype, "default_value")
+    return Plan(args={"default_value": default}, dtype=sp_input.dtype, layout="dense", shape=sp_input.dense_shape)
+
+
 def _dense_bytes(sp_input: SparseTensor, **_) -> int:
-    return int(np.prod(sp_input.dense_shape, dtype=object)) * sp_input.dtype.itemsize
+    return prod(sp_input.dense_shape) * sp_input.dtype.itemsize
 
 
 @REGISTRY.op(
@@ -118,30 +141,23 @@ stored (its zeros stay zero whatever default_value).""",
               default=0),
           Arg("validate_indices", BOOL, "Require sorted, unique indices.", default=True)],
     outputs=[Output("output", "dense", "Dense tensor of shape dense_shape.")],
+    check=check_to_dense,
     result_bytes=_dense_bytes,
 )
 def to_dense(sp_input: SparseTensor, default_value=0, validate_indices: bool = True) -> np.ndarray:
-    default = cast_scalar(default_value, sp_input.dtype, "default_value")
+    # The order of the indices is the entries' to decide: validate_indices is checked here.
     if sp_input.layout != "coo":
         if validate_indices:
             _canonical_or_raise(sp_input, "coalesce the tensor first")
         view = coo_view(sp_input)  # row-major, and unique when validated
-        return kernels.to_dense(view.indices, view.values, view.dense_shape, default, validate_indices)
+        return kernels.to_dense(view.indices, view.values, view.dense_shape, default_value, validate_indices)
     if validate_indices:
         check_ordered(sp_input.indices, sp_input.dense_shape, "sp_input.indices", "reorder the tensor first")
-    return kernels.to_dense(sp_input.indices, sp_input.values, sp_input.dense_shape, default,
+    return kernels.to_dense(sp_input.indices, sp_input.values, sp_input.dense_shape, default_value,
                             validate_indices)
 
 
-def _to_dense_on_gpu(sp_input, default_value=0, validate_indices=True, **_) -> str | None:
-    if sp_input.layout != "coo":
-        return "layout"
-    if not _gpu.native(sp_input):
-        return "dtype"
-    return "argument" if _gpu.refused(cast_scalar, default_value, sp_input.dtype, "default_value") else None
-
-
-@REGISTRY.gpu("to_dense", supports=_to_dense_on_gpu)
+@REGISTRY.gpu("to_dense", layouts=_ON_GPU)
 @_gpu.quiet
 def to_dense_gpu(be, sp_input: SparseTensor, default_value=0, validate_indices: bool = True):
     xp = be.xp
@@ -155,11 +171,22 @@ def to_dense_gpu(be, sp_input: SparseTensor, default_value=0, validate_indices: 
     else:
         indices, values = ka.coalesce(xp, sp_input.indices, sp_input.values, shape, be.scatter_add)
         keys = ka.linearize(xp, indices, shape[:s])
-    n_rows = 1
-    for d in shape[:s]:
-        n_rows *= int(d)
-    default = cast_scalar(default_value, sp_input.dtype, "default_value")
-    return ka.fill_dense(xp, keys, values, n_rows, default, sp_input.dtype, shape)
+    return ka.fill_dense(xp, keys, values, prod(shape[:s]), default_value, sp_input.dtype, shape)
+
+
+# ------------------------------------------------------------------- from_dense
+def check_from_dense(tensor: np.ndarray, sparse_dim: int | None = None) -> Plan:
+    """A tensor of rank at least 1, and sparse_dim (default: the rank) between 1 and the rank:
+    a count of leading dimensions, not an axis (no negatives)."""
+    ndim = tensor.ndim
+    if ndim < 1:
+        raise InvalidArgumentError("tensor must have rank at least 1 to become sparse",
+                                   reason=Reason.RANK_TOO_LOW)
+    sparse_dim = ndim if sparse_dim is None else sparse_dim
+    if not 1 <= sparse_dim <= ndim:
+        raise InvalidArgumentError(f"sparse_dim = {sparse_dim} must be between 1 and the rank "
+                                   f"{ndim} of tensor", reason=Reason.AXIS_OUT_OF_RANGE)
+    return Plan(args={"sparse_dim": sparse_dim}, dtype=tensor.dtype, layout="coo", shape=tensor.shape)
 
 
 @REGISTRY.op(
@@ -170,15 +197,9 @@ and only all-zero sub-arrays are dropped.""",
     args=[Arg("tensor", DENSE, "The dense input.", layouts=("dense",)),
           Arg("sparse_dim", OPTIONAL_INT, "Number of sparse dimensions (default: all).", default=None)],
     outputs=[Output("output", "sparse", "Coalesced COO tensor.")],
+    check=check_from_dense,
 )
-def from_dense(tensor: np.ndarray, sparse_dim: int | None = None) -> SparseTensor:
-    sparse_dim = tensor.ndim if sparse_dim is None else sparse_dim
-    if tensor.ndim < 1:
-        raise InvalidArgumentError("tensor must have rank at least 1 to become sparse",
-                                   reason=Reason.RANK_TOO_LOW)
-    if not 1 <= sparse_dim <= tensor.ndim:
-        raise InvalidArgumentError(f"sparse_dim = {sparse_dim} must be between 1 and the rank "
-                                   f"{tensor.ndim} of tensor", reason=Reason.AXIS_OUT_OF_RANGE)
+def from_dense(tensor: np.ndarray, sparse_dim: int) -> SparseTensor:
     indices, values = kernels.from_dense(tensor, sparse_dim)
     return SparseTensor(indices=indices, values=values, dense_shape=tensor.shape, coalesced=True)
 

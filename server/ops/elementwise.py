@@ -233,7 +233,7 @@ def mul_gpu(be, sp_input: SparseTensor, dense, dtype: np.dtype) -> SparseTensor:
 
 
 @REGISTRY.gpu("div", layouts={"sp_input": ("coo",)},
-              declines=lambda plan: "dtype" if plan.dtype.kind == "c" else None)
+              declines=lambda plan: "dtype" if plan.args["dtype"].kind == "c" else None)
 @_gpu.quiet
 def div_gpu(be, sp_input: SparseTensor, dense, dtype: np.dtype) -> SparseTensor:
     xp = be.xp
@@ -404,7 +404,7 @@ def _sparse_add(a: SparseTensor, b: SparseTensor, dtype: np.dtype, threshold: fl
 def _add_declines(plan: Plan) -> str | None:
     a, b, threshold = plan.args["a"], plan.args["b"], plan.args["threshold"]
     both = isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
-    return "dtype" if both and plan.dtype.kind == "c" and threshold > 0 else None
+    return "dtype" if both and plan.args["dtype"].kind == "c" and threshold > 0 else None
 
 
 @REGISTRY.gpu("add", layouts={"a": ("coo", "dense"), "b": ("coo", "dense")}, declines=_add_declines)

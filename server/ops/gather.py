@@ -4,6 +4,11 @@ and multiply (torch.mul with sparse operands).
 PyTorch's answers are the reference, structure included: which entries, in which order, and
 the coalesced flag. Where PyTorch has no kernel (index_select of CSR) the answer is PyTorch's
 COO answer converted to CSR, as PyTorch converts it.
+
+Each op's ``check`` makes its refusals from metadata (shapes, dtypes, layouts, ``dim``) before
+any kernel, on every device; the kernels raise only what the entries decide: a value of
+index_select's ``index`` out of range (the CPU kernel names it; the GPU kernel falls back),
+batches a CSR result would leave unequal.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ from sparseserve.kernels import elementwise as ek
 from sparseserve.kernels import gather as gk
 from sparseserve.kernels._sort import gather_rows
 
-from ..argtypes import DENSE, INT, SPARSE, TENSOR
-from ..registry import REGISTRY, Arg, Output
+from ..argtypes import DENSE, SPARSE, TENSOR, axis_of
+from ..device import Fallback
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
-from ._layouts import BatchNseError, as_coo, coalesced_coo, convert_layout
-
-INT32_MAX = int(np.iinfo(np.int32).max)
+from ._layouts import BatchNseError, as_coo, coalesced_coo, like, view_sparse_ndim
+from ._sputils import index_dtype, layout_of, prod, shape_of
 
 # PyTorch picks the entry order of a sparse index_select from the sizes and from its thread
 # count (at::get_num_threads()); the order followed here is the one it gives with this many.
@@ -45,36 +50,39 @@ def _coalesced(t: SparseTensor) -> bool:
     return bool(t.coalesced) or t.nnz < 2
 
 
-def _shape(shape) -> list[int]:
-    return [int(d) for d in shape]
-
-
-def _prod(dims) -> int:
-    out = 1
-    for d in dims:
-        out *= int(d)
-    return out
+def _in_layout_of(coo: SparseTensor, t: SparseTensor) -> SparseTensor:
+    """A COO result in the layout of the input ``t`` (``like``: CSR as PyTorch's to_sparse_csr
+    makes it, rows sorted and repeated entries summed, with ``t``'s index dtype where it holds
+    the result)."""
+    try:
+        return like(coo, t)
+    except BatchNseError as exc:  # where the entries fall decides it: the kernel's to say
+        raise InvalidArgumentError(f"the result cannot be a batched CSR tensor: {exc}",
+                                   reason=Reason.BATCH_NSE_MISMATCH) from None
 
 
 # ------------------------------------------------------------------ index_select
-def _wrap_dim(dim: int, ndim: int, what: str) -> int:
-    if not -ndim <= dim < ndim:
-        raise InvalidArgumentError(f"dim = {dim} is out of range for {what} of rank {ndim}; it must be "
-                                   f"in [{-ndim}, {ndim})", reason=Reason.AXIS_OUT_OF_RANGE)
-    return dim % ndim
-
-
-def _checked_index(index: np.ndarray, size: int, dim: int) -> np.ndarray:
-    """``index`` as non-negative int64 after its checks: 1-D, integer, every value in
-    ``[-size, size)`` (negative values count from the end, as in PyTorch)."""
+def check_index_select(input: SparseTensor, dim: int, index: np.ndarray) -> Plan:
+    """index is 1-D and integer (int32 or int64; an empty one of any dtype, as an empty JSON list
+    decodes as float64); dim, an axis of input, is non-negative already. Its values are the
+    kernels' to check (``_positions``)."""
     if index.ndim != 1:
-        raise InvalidArgumentError(f"index has shape {_shape(index.shape)}; it must be 1-D",
+        raise InvalidArgumentError(f"index has shape {shape_of(index)}; it must be 1-D",
                                    reason=Reason.INDICES_RANK)
-    if index.dtype.kind not in "iu":
-        if index.size == 0:  # an empty JSON list decodes as float64
-            return np.zeros(0, np.int64)
+    if index.dtype.kind not in "iu" and index.size:
         raise InvalidArgumentError(f"index has dtype {index.dtype}; it must be an integer type "
                                    "(int32 or int64)", reason=Reason.INDEX_DTYPE)
+    shape = shape_of(input)
+    shape[dim] = int(index.shape[0])
+    return Plan(dtype=input.dtype, layout=input.layout, shape=tuple(shape))
+
+
+def _positions(index: np.ndarray, size: int, dim: int) -> np.ndarray:
+    """A checked ``index`` as non-negative int64 positions along a dimension of ``size``; a
+    value outside ``[-size, size)`` (negative values count from the end, as in PyTorch) is
+    INVALID_ARGUMENT naming it."""
+    if index.dtype.kind not in "iu":  # empty (the check)
+        return np.zeros(0, np.int64)
     if index.dtype.kind == "u":
         too_big = np.flatnonzero(index >= np.uint64(size)) if index.size else np.zeros(0, np.int64)
         if too_big.size:
@@ -201,61 +209,39 @@ def _index_select_coo(t: SparseTensor, dim: int, index: np.ndarray) -> SparseTen
     return SparseTensor(indices=indices, values=values, dense_shape=shape, coalesced=src.size < 2)
 
 
-def _index_dtype(like: np.dtype, *limits: int) -> np.dtype:
-    return np.dtype(np.int64) if like == np.int32 and max(limits, default=0) > INT32_MAX else like
-
-
-def _to_csr(coo: SparseTensor, index_dtype: np.dtype) -> SparseTensor:
-    """A COO result as CSR (PyTorch's to_sparse_csr: sorted rows, repeated indices summed), with
-    the CSR input's index dtype where it holds the result."""
-    try:
-        out = convert_layout(coo, "csr")
-    except BatchNseError as exc:
-        raise InvalidArgumentError(f"the result cannot be a batched CSR tensor: {exc}",
-                                   reason=Reason.BATCH_NSE_MISMATCH) from None
-    dtype = _index_dtype(np.dtype(index_dtype), out.plain_indices.size, out.dense_shape[-1])
-    if out.compressed_indices.dtype == dtype:
-        return out
-    return SparseTensor(layout="csr", compressed_indices=out.compressed_indices.astype(dtype),
-                        plain_indices=out.plain_indices.astype(dtype), values=out.values,
-                        dense_shape=out.dense_shape)
-
-
 def _index_select_csr(t: SparseTensor, dim: int, index: np.ndarray) -> SparseTensor:
     if t.batch_ndim == 0 and dim == 0:
         ptr, plain, values, ordered = gk.csr_rows(t.compressed_indices, t.plain_indices, t.values, index)
         if ordered:  # each row already as to_sparse_csr leaves it: copied as it is
-            dtype = _index_dtype(t.compressed_indices.dtype, plain.size)
+            dtype = index_dtype(t.compressed_indices.dtype, plain.size)
             shape = list(t.dense_shape)
             shape[0] = int(index.size)
             return SparseTensor(layout="csr", compressed_indices=ptr.astype(dtype, copy=False),
                                 plain_indices=plain.astype(dtype, copy=False),
                                 values=values, dense_shape=shape)
-    return _to_csr(_index_select_coo(as_coo(t), dim, index), t.compressed_indices.dtype)
-
-
-def _select_plan(input: SparseTensor, dim: int, index: np.ndarray) -> tuple[int, np.ndarray]:
-    dim = _wrap_dim(dim, input.ndim, "input")
-    return dim, _checked_index(index, int(input.dense_shape[dim]), dim)
+    return _in_layout_of(_index_select_coo(as_coo(t), dim, index), t)
 
 
 def _index_select_bytes(input, dim, index, **_) -> int:
-    dim, index = _select_plan(input, dim, index)
+    try:
+        index = _positions(index, int(input.dense_shape[dim]), dim)
+    except InvalidArgumentError:
+        return 0  # a value out of range: the kernel names it
     itemsize = input.dtype.itemsize
     shape = list(input.dense_shape)
     n = int(index.size)
     if input.layout == "csr":
-        inner = _prod(shape[input.batch_ndim + 2:])
+        inner = prod(shape[input.batch_ndim + 2:])
         if input.batch_ndim == 0 and dim == 0:
             ptr = input.compressed_indices.astype(np.int64)
             nnz = int((ptr[index + 1] - ptr[index]).sum())
             return nnz * (inner * itemsize + 8) + 8 * (n + 1)
-        s, nnz = input.batch_ndim + 2, input.nnz * _prod(shape[:input.batch_ndim])
+        s, nnz = input.batch_ndim + 2, input.nnz * prod(shape[:input.batch_ndim])
     else:
         s, nnz = input.sparse_ndim, input.nnz
-        inner = _prod(shape[s:])
+        inner = prod(shape[s:])
     if dim >= s:
-        return nnz * (8 * s + _prod(shape[s:dim] + [n] + shape[dim + 1:]) * itemsize)
+        return nnz * (8 * s + prod(shape[s:dim] + [n] + shape[dim + 1:]) * itemsize)
     entry = 8 * s + inner * itemsize
     if n == 0 or nnz == 0:
         return 0
@@ -284,13 +270,14 @@ than two entries (as PyTorch flags it).
 CSR (PyTorch has none): the COO answer converted to CSR as PyTorch's to_sparse_csr converts it
 (rows sorted, repeated entries summed); the index dtype is kept where it holds the result.""",
     args=[Arg("input", SPARSE, "The sparse tensor (COO or CSR).", layouts=("coo", "csr")),
-          Arg("dim", INT, "The dimension to select along (negative counts from the end)."),
+          Arg("dim", axis_of("input"), "The dimension to select along (negative counts from the end)."),
           Arg("index", DENSE, "1-D integer positions along dim.", layouts=("dense",))],
     outputs=[Output("output", "sparse", "The selected slices, same layout as input.")],
+    check=check_index_select,
     result_bytes=_index_select_bytes,
 )
 def index_select(input: SparseTensor, dim: int, index: np.ndarray) -> SparseTensor:
-    dim, index = _select_plan(input, dim, index)
+    index = _positions(index, int(input.dense_shape[dim]), dim)
     if input.layout == "csr":
         return _index_select_csr(input, dim, index)
     return _index_select_coo(input, dim, index)
@@ -298,15 +285,8 @@ def index_select(input: SparseTensor, dim: int, index: np.ndarray) -> SparseTens
 
 # index_select on the GPU (COO, every dtype CuPy holds): the entries matching index found by a
 # binary search of their coordinate among index's sorted values, then listed in PyTorch's order
-# by stable sorts and repeats; the same order rule as the CPU. CSR runs on the CPU.
-def _index_select_on_gpu(input, dim, index, **_) -> str | None:
-    if _gpu.refused(_select_plan, input, dim, np.asarray(index)):
-        return "argument"
-    if input.layout != "coo":
-        return "layout"
-    return None if _gpu.native(input) else "dtype"
-
-
+# by stable sorts and repeats; the same order rule as the CPU. CSR runs on the CPU, as does an
+# index holding a value out of range (the CPU kernel names it).
 def _expand_ranges(xp, starts, counts):
     """``concatenate([arange(s, s + c) for s, c in zip(starts, counts)])`` without a loop."""
     total = int(counts.sum()) if counts.size else 0
@@ -317,14 +297,15 @@ def _expand_ranges(xp, starts, counts):
     return starts[owner] + (xp.arange(total) - offsets[owner])
 
 
-@REGISTRY.gpu("index_select", supports=_index_select_on_gpu)
+@REGISTRY.gpu("index_select", layouts={"input": ("coo",)})
 @_gpu.quiet
 def index_select_gpu(be, input: SparseTensor, dim: int, index) -> SparseTensor:
     xp = be.xp
-    ndim = input.ndim
-    dim %= ndim
     size = int(input.dense_shape[dim])
-    index = xp.asarray(index).astype(xp.int64)
+    index = xp.asarray(index)
+    if index.size and (int(index.min()) < -size or int(index.max()) >= size):
+        raise Fallback("index_out_of_range")  # before the cast: a huge uint64 would wrap into range
+    index = index.astype(xp.int64)
     index = xp.where(index < 0, index + size, index)
     s = input.sparse_ndim
     shape = list(input.dense_shape)
@@ -370,15 +351,15 @@ def index_select_gpu(be, input: SparseTensor, dim: int, index) -> SparseTensor:
 
 
 # ------------------------------------------------------------------ sparse_mask
-def _check_mask_shape(input, mask) -> None:
-    if _shape(input.shape) != list(mask.dense_shape):
+def check_sparse_mask(input: np.ndarray, mask: SparseTensor) -> Plan:
+    if shape_of(input) != shape_of(mask):
         raise InvalidArgumentError(
-            f"input has shape {_shape(input.shape)} and mask has dense_shape {list(mask.dense_shape)}; "
+            f"input has shape {shape_of(input)} and mask has dense_shape {shape_of(mask)}; "
             "sparse_mask needs equal shapes (no broadcasting)", reason=Reason.SHAPE_MISMATCH)
+    return Plan(dtype=input.dtype, layout=mask.layout, shape=mask.dense_shape)
 
 
 def _sparse_mask_bytes(input, mask, **_) -> int:
-    _check_mask_shape(input, mask)
     return mask.nbytes - mask.values.nbytes + mask.values.size * input.dtype.itemsize
 
 
@@ -392,10 +373,10 @@ hybrid masks: whole dense blocks of input) and input's dtype; mask's values are 
           Arg("mask", SPARSE, "The sparse tensor whose entries are read (COO or CSR).",
               layouts=("coo", "csr"))],
     outputs=[Output("output", "sparse", "mask's structure with input's values.")],
+    check=check_sparse_mask,
     result_bytes=_sparse_mask_bytes,
 )
 def sparse_mask(input: np.ndarray, mask: SparseTensor) -> SparseTensor:
-    _check_mask_shape(input, mask)
     if mask.layout == "coo":
         values = ek.gather_operand(mask.indices, input, input.ndim)
         return SparseTensor(indices=mask.indices, values=values, dense_shape=mask.dense_shape,
@@ -458,12 +439,44 @@ def _times(x: np.ndarray, y: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return np.multiply(x, y)
 
 
-def _broadcast(a_shape, b_shape, a_name: str, b_name: str) -> tuple[int, ...]:
+def _broadcast(a_shape, b_shape) -> tuple[int, ...]:
+    """The shape two (checked) shapes broadcast to."""
+    return tuple(int(d) for d in np.broadcast_shapes(tuple(a_shape), tuple(b_shape)))
+
+
+def _check_broadcast(a_shape, b_shape, a_name: str, b_name: str) -> tuple[int, ...]:
     try:
-        return tuple(int(d) for d in np.broadcast_shapes(tuple(a_shape), tuple(b_shape)))
+        return _broadcast(a_shape, b_shape)
     except ValueError:
         raise InvalidArgumentError(f"{a_name} has shape {list(a_shape)} and {b_name} has shape "
                                    f"{list(b_shape)}, which do not broadcast", reason=Reason.SHAPE_MISMATCH) from None
+
+
+def _check_sparse_pair(a: SparseTensor, b: SparseTensor) -> tuple[int, ...]:
+    """sparse * sparse (a CSR as its COO form): equal ranks, sparse dimensions and sparse shapes,
+    dense dimensions that broadcast; the result's shape."""
+    s_a, s_b = view_sparse_ndim(a), view_sparse_ndim(b)
+    same_structure = a.ndim == b.ndim and s_a == s_b and list(a.dense_shape[:s_a]) == list(b.dense_shape[:s_b])
+    if not same_structure:
+        raise InvalidArgumentError(
+            f"a (dense_shape {list(a.dense_shape)}, {s_a} sparse dimensions) and b (dense_shape "
+            f"{list(b.dense_shape)}, {s_b} sparse dimensions): sparse * sparse needs equal "
+            "ranks, equal sparse dimensions, and broadcasts only over dense dimensions",
+            reason=Reason.SHAPE_MISMATCH)
+    return _check_broadcast(a.dense_shape, b.dense_shape, "a", "b")
+
+
+def _check_sparse_dense(s: SparseTensor, d: np.ndarray) -> tuple[int, ...]:
+    """sparse * dense in either order: the dense broadcasts against the whole shape (a COO
+    operand's shape may grow; a CSR operand's may not); the result's shape."""
+    if s.layout != "csr":
+        return _check_broadcast(d.shape, s.dense_shape, "the dense operand", "the sparse operand")
+    shape = _check_broadcast(d.shape, s.dense_shape, "the dense operand", "the CSR operand")
+    if list(shape) != list(s.dense_shape):
+        raise InvalidArgumentError(
+            f"the dense operand's shape {shape_of(d)} would enlarge the CSR operand's dense_shape "
+            f"{list(s.dense_shape)}; CSR * dense broadcasts only the dense side", reason=Reason.SHAPE_MISMATCH)
+    return shape
 
 
 def _coalesce(t: SparseTensor) -> SparseTensor:
@@ -479,9 +492,9 @@ def _empty(shape, sparse_dim: int, dtype) -> SparseTensor:
 def _mul_dense_coo(d: np.ndarray, s: SparseTensor, dtype: np.dtype) -> SparseTensor:
     """PyTorch's intersection_binary_op_sparse_dense_out: the sparse operand's entries times the
     dense operand broadcast; a dense of higher rank adds leading sparse dimensions."""
-    res_shape = _broadcast(d.shape, s.dense_shape, "the dense operand", "the sparse operand")
+    res_shape = _broadcast(d.shape, s.dense_shape)
     dense_dim = s.dense_ndim
-    if s.nnz == 0 or _prod(s.dense_shape) == 0 or d.size == 0:
+    if s.nnz == 0 or prod(s.dense_shape) == 0 or d.size == 0:
         return _empty(res_shape, len(res_shape) - dense_dim, dtype)
     d_dim, s_dim = d.ndim, s.ndim
     if d_dim > s_dim:
@@ -502,7 +515,7 @@ def _mul_dense_coo(d: np.ndarray, s: SparseTensor, dtype: np.dtype) -> SparseTen
         return SparseTensor(indices=s.indices, values=values, dense_shape=res_shape,
                             coalesced=_coalesced(s))
     batch = d.shape[:lead]
-    n_batch = _prod(batch)
+    n_batch = prod(batch)
     nnz = s.nnz
     batch_idx = np.stack(np.unravel_index(np.arange(n_batch), batch), axis=1) if n_batch else \
         np.zeros((0, lead), np.int64)
@@ -533,11 +546,11 @@ def _mul_intersection(x: SparseTensor, y: SparseTensor, dtype: np.dtype) -> Spar
         pc, source = (x, y) if _coalesced(x) else (y, x)
     else:
         larger, source = (x, y) if x.nnz >= y.nnz else (y, x)
-        cells = _prod(larger.dense_shape[:larger.sparse_ndim])
+        cells = prod(larger.dense_shape[:larger.sparse_ndim])
         if cells and larger.nnz // cells > 50:
             larger = _coalesce(larger)
         pc = larger
-    shape = _broadcast(x.dense_shape, y.dense_shape, "a", "b")
+    shape = _broadcast(x.dense_shape, y.dense_shape)
     s = source.sparse_ndim
     pc_keys = _keys(pc.indices, shape[:s])
     order = np.argsort(pc_keys, kind="stable")
@@ -569,15 +582,7 @@ def _mul_intersection(x: SparseTensor, y: SparseTensor, dtype: np.dtype) -> Spar
 
 
 def _mul_coo_coo(a: SparseTensor, b: SparseTensor, dtype: np.dtype) -> SparseTensor:
-    same_structure = (a.ndim == b.ndim and a.sparse_ndim == b.sparse_ndim
-                      and list(a.dense_shape[:a.sparse_ndim]) == list(b.dense_shape[:b.sparse_ndim]))
-    if not same_structure:
-        raise InvalidArgumentError(
-            f"a (dense_shape {list(a.dense_shape)}, {a.sparse_ndim} sparse dimensions) and b (dense_shape "
-            f"{list(b.dense_shape)}, {b.sparse_ndim} sparse dimensions): sparse * sparse needs equal "
-            "ranks, equal sparse dimensions, and broadcasts only over dense dimensions",
-            reason=Reason.SHAPE_MISMATCH)
-    shape = _broadcast(a.dense_shape, b.dense_shape, "a", "b")
+    shape = _broadcast(a.dense_shape, b.dense_shape)
     if a.nnz == 0 or b.nnz == 0:
         # torch answers an empty operand with an empty product (and crashes where dense dimensions
         # broadcast against an empty one: 2.13's setStorage error); the same answer here.
@@ -589,12 +594,7 @@ def _mul_coo_coo(a: SparseTensor, b: SparseTensor, dtype: np.dtype) -> SparseTen
 
 def _mul_csr_dense(c: SparseTensor, d: np.ndarray, dtype: np.dtype) -> SparseTensor:
     """CSR times dense: the CSR's structure, its values times the dense at each entry (a 0-dim
-    dense scales every value; any other must broadcast to the CSR's shape)."""
-    shape = _broadcast(d.shape, c.dense_shape, "the dense operand", "the CSR operand")
-    if list(shape) != list(c.dense_shape):
-        raise InvalidArgumentError(
-            f"the dense operand's shape {_shape(d.shape)} would enlarge the CSR operand's dense_shape "
-            f"{list(c.dense_shape)}; CSR * dense broadcasts only the dense side", reason=Reason.SHAPE_MISMATCH)
+    dense scales every value; any other broadcasts to the CSR's shape: the check)."""
     if d.ndim == 0:
         values = _times(c.values, d, dtype)
     else:
@@ -605,25 +605,31 @@ def _mul_csr_dense(c: SparseTensor, d: np.ndarray, dtype: np.dtype) -> SparseTen
                         values=values, dense_shape=c.dense_shape)
 
 
-def _multiply_bytes(a, b, **_) -> int:
-    try:
-        dtype = result_type(a, b)
-    except (TypeError, KeyError):
-        return 0
+def check_multiply(a, b) -> Plan:
+    """At least one operand sparse, shapes that multiply (``_check_sparse_pair``,
+    ``_check_sparse_dense``); the result dtype (torch's promotion, the kernels' ``dtype``)."""
+    a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
+    if not a_sparse and not b_sparse:
+        raise UnimplementedError("multiply needs at least one sparse operand; for dense * dense use a "
+                                 "dense library", reason=Reason.UNSUPPORTED_LAYOUT)
+    if a_sparse and b_sparse:
+        shape = _check_sparse_pair(a, b)
+    else:
+        shape = _check_sparse_dense(*((a, b) if a_sparse else (b, a)))
+    dtype = result_type(a, b)
+    layout = "csr" if "csr" in (layout_of(a), layout_of(b)) else "coo"
+    return Plan(args={"dtype": dtype}, dtype=dtype, layout=layout, shape=shape)
+
+
+def _multiply_bytes(a, b, dtype: np.dtype, **_) -> int:
     sparse = [t for t in (a, b) if isinstance(t, SparseTensor)]
-    if not sparse:
-        return 0
     dense = [t for t in (a, b) if not isinstance(t, SparseTensor)]
-    shapes = [tuple(t.dense_shape) if isinstance(t, SparseTensor) else tuple(t.shape) for t in (a, b)]
-    try:
-        shape = np.broadcast_shapes(*shapes)
-    except ValueError:
-        return 0
-    nnz = max(t.nnz * _prod(t.dense_shape[:t.batch_ndim]) if t.layout != "coo" else t.nnz for t in sparse)
+    shape = _broadcast(shape_of(a), shape_of(b))
+    nnz = max(t.nnz * prod(t.dense_shape[:t.batch_ndim]) if t.layout != "coo" else t.nnz for t in sparse)
     if dense and len(shape) > sparse[0].ndim:
-        nnz *= _prod(shape[:len(shape) - sparse[0].ndim])
+        nnz *= prod(shape[:len(shape) - sparse[0].ndim])
     s = len(shape) - sparse[0].dense_ndim
-    return nnz * (8 * s + _prod(shape[s:]) * dtype.itemsize)
+    return nnz * (8 * s + prod(shape[s:]) * dtype.itemsize)
 
 
 @REGISTRY.op(
@@ -645,20 +651,16 @@ CSR and CSR * COO (either order) are the COO product of the coalesced operands c
     args=[Arg("a", TENSOR, "First operand (COO, CSR or dense).", layouts=("coo", "csr", "dense")),
           Arg("b", TENSOR, "Second operand (COO, CSR or dense).", layouts=("coo", "csr", "dense"))],
     outputs=[Output("output", "sparse", "The product: CSR when an operand is CSR, else COO.")],
+    check=check_multiply,
     result_bytes=_multiply_bytes,
 )
-def multiply(a, b):
+def multiply(a, b, dtype: np.dtype):
     a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
-    if not a_sparse and not b_sparse:
-        raise UnimplementedError("multiply needs at least one sparse operand; for dense * dense use a "
-                                 "dense library", reason=Reason.UNSUPPORTED_LAYOUT)
-    dtype = result_type(a, b)
     if a_sparse and b_sparse:
         if a.layout == "coo" and b.layout == "coo":
             return _mul_coo_coo(a, b, dtype)
-        index_dtype = next(t.compressed_indices.dtype for t in (a, b) if t.layout == "csr")
-        product = _mul_coo_coo(coalesced_coo(a), coalesced_coo(b), dtype)
-        return _to_csr(product, index_dtype)
+        csr = a if a.layout == "csr" else b  # its index dtype, where it holds the product
+        return _in_layout_of(_mul_coo_coo(coalesced_coo(a), coalesced_coo(b), dtype), csr)
     s, d = (a, b) if a_sparse else (b, a)
     if s.layout == "csr":
         return _mul_csr_dense(s, d, dtype)

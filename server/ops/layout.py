@@ -5,7 +5,9 @@ Semantics follow PyTorch's ``to_sparse()``, ``to_sparse_csr(dense_dim)``,
 ``to_sparse_bsc``, extended to every pair (torch refuses some, e.g. COO with
 batches, or BSR -> CSR): batch dimensions of a compressed tensor are leading
 sparse dimensions of its COO form, and blocks are expanded or gathered through
-that form. The arguments are checked here; the work is in ``_layouts``.
+that form. ``check_convert`` decides everything from metadata (the blocksize, the
+dense dimensions, the result's layout); the kernels do the work (in ``_layouts``) and
+refuse only what the entries decide: batches that would hold unequal numbers of entries.
 """
 
 from __future__ import annotations
@@ -15,25 +17,23 @@ from sparseserve.core.errors import InvalidArgumentError
 from sparseserve.core.reasons import Reason
 from sparseserve.kernels import arrays as ka
 
-from ..argtypes import AXES, OPTIONAL_INT, SPARSE, STRING
-from ..registry import REGISTRY, Arg, Output
+from ..argtypes import AXES, OPTIONAL_INT, SPARSE, choice
+from ..device import not_a_matrix
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
 from ._layouts import SPARSE_LAYOUTS, BatchNseError, convert_layout
+from ._sputils import prod
 
 
-def _prod(dims) -> int:
-    out = 1
-    for d in dims:
-        out *= int(d)
-    return out
+def _dense_is_to_dense(value: str, name: str) -> InvalidArgumentError | None:
+    """The error for layout = "dense": another op gives that."""
+    if value != "dense":
+        return None
+    return InvalidArgumentError(f"{name} must be one of {', '.join(SPARSE_LAYOUTS)}, not {value!r}; use "
+                                "to_dense for a dense result", reason=Reason.BAD_LAYOUT)
 
 
-def _check_layout(layout: str) -> str:
-    if layout not in SPARSE_LAYOUTS:
-        hint = "; use to_dense for a dense result" if layout == "dense" else ""
-        raise InvalidArgumentError(f"layout = {layout!r} is not one of {', '.join(SPARSE_LAYOUTS)}{hint}",
-                                   reason=Reason.BAD_LAYOUT)
-    return layout
+LAYOUT = choice(*SPARSE_LAYOUTS, reason=Reason.BAD_LAYOUT, explain=_dense_is_to_dense)
 
 
 def _check_dense_dim(sp_input: SparseTensor, layout: str, dense_dim: int | None) -> int:
@@ -71,34 +71,41 @@ def _check_blocksize(sp_input: SparseTensor, layout: str, blocksize, dense_dim: 
     return tuple(int(b) for b in blocksize)
 
 
-def _plan(sp_input: SparseTensor, layout: str, blocksize, dense_dim):
-    layout = _check_layout(layout)
+def check_convert(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim: int | None = None) -> Plan:
+    """dense_dim leaves the layout its sparse dimensions, blocksize is given for block layouts
+    alone and divides the two compressed dimensions. The kernels get both resolved: dense_dim
+    an int (default: the input's), blocksize a pair (one int: square blocks) or None. Checking
+    resolved arguments again gives the same plan."""
     dense_dim = _check_dense_dim(sp_input, layout, dense_dim)
-    return layout, _check_blocksize(sp_input, layout, blocksize, dense_dim), dense_dim
+    blocksize = _check_blocksize(sp_input, layout, blocksize, dense_dim)
+    return Plan(args={"blocksize": blocksize, "dense_dim": dense_dim}, dtype=sp_input.dtype, layout=layout,
+                shape=sp_input.dense_shape)
 
 
 def _stored_positions(sp_input: SparseTensor) -> int:
     """Stored positions over the input's non-dense dimensions (every element of a block)."""
     if sp_input.layout == "coo":
         return sp_input.nnz
-    area = _prod(sp_input.blocksize) if sp_input.layout in BLOCK_LAYOUTS else 1
-    return _prod(sp_input.dense_shape[:sp_input.batch_ndim]) * sp_input.nnz * area
+    area = prod(sp_input.blocksize) if sp_input.layout in BLOCK_LAYOUTS else 1
+    return prod(sp_input.dense_shape[:sp_input.batch_ndim]) * sp_input.nnz * area
 
 
 def _convert_bytes(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim=None, **_) -> int:
     """An upper bound of the result's bytes: entries can multiply when dense dimensions
-    become sparse, and blocks bring their zeros (a few entries in huge blocks)."""
-    layout, blocksize, target = _plan(sp_input, layout, blocksize, dense_dim)
+    become sparse, and blocks bring their zeros (a few entries in huge blocks). Takes the
+    plan's arguments, or the bound ones (resolved here as the check resolves them)."""
+    resolved = check_convert(sp_input, layout, blocksize, dense_dim).args
+    blocksize, target = resolved["blocksize"], resolved["dense_dim"]
     shape = sp_input.dense_shape
     p_now, p_new = sp_input.ndim - sp_input.dense_ndim, sp_input.ndim - target
     positions = _stored_positions(sp_input)
     if p_new > p_now:
-        positions *= _prod(shape[p_now:p_new])
-    positions = min(positions, _prod(shape[:p_new]))
-    inner = _prod(shape[p_new:]) * sp_input.dtype.itemsize
+        positions *= prod(shape[p_now:p_new])
+    positions = min(positions, prod(shape[:p_new]))
+    inner = prod(shape[p_new:]) * sp_input.dtype.itemsize
     if layout == "coo":
         return positions * (8 * p_new + inner)
-    n_batch = _prod(shape[:p_new - 2])
+    n_batch = prod(shape[:p_new - 2])
     br, bc = blocksize or (1, 1)
     n_blocks = min(positions, n_batch * (shape[p_new - 2] // br) * (shape[p_new - 1] // bc))
     n_compressed = shape[p_new - 2] // br if layout in ("csr", "bsr") else shape[p_new - 1] // bc
@@ -120,18 +127,18 @@ Compressed results keep a compressed input's index dtype (int64 from COO, or whe
 hold them). A COO result is coalesced (sorted, unique) unless a compressed input repeats an
 index within a segment; the same layout and blocksize returns the input unchanged.""",
     args=[Arg("sp_input", SPARSE, "The input sparse tensor.", layouts=SPARSE_LAYOUTS),
-          Arg("layout", STRING, "Target layout: coo, csr, csc, bsr or bsc."),
+          Arg("layout", LAYOUT, "Target layout: coo, csr, csc, bsr or bsc."),
           Arg("blocksize", AXES, "Block shape [rows, cols] for bsr and bsc.", default=None),
           Arg("dense_dim", OPTIONAL_INT, "Trailing dense dimensions of the result (default: the input's).",
               default=None)],
     outputs=[Output("output", "sparse", "The tensor in the target layout.")],
+    check=check_convert,
     result_bytes=_convert_bytes,
 )
-def convert(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim: int | None = None) -> SparseTensor:
-    layout, blocksize, dense_dim = _plan(sp_input, layout, blocksize, dense_dim)
+def convert(sp_input: SparseTensor, layout: str, blocksize: tuple[int, int] | None, dense_dim: int) -> SparseTensor:
     try:
         return convert_layout(sp_input, layout, blocksize, dense_dim)
-    except BatchNseError as exc:
+    except BatchNseError as exc:  # where the entries fall decides it: the kernel's to say
         raise InvalidArgumentError(f"sp_input: {exc}", reason=Reason.BATCH_NSE_MISMATCH) from None
 
 
@@ -139,22 +146,18 @@ def convert(sp_input: SparseTensor, layout: str, blocksize=None, dense_dim: int 
 # COO, CSR and CSC matrices (2-D, no batch or dense dimensions; a COO -> COO of any shape is a
 # coalesce) with the dense dimensions kept, every dtype: stable sorts and gathers, no cuSPARSE
 # (its conversions take five dtypes and leave the order of repeated entries unspecified).
-# Block layouts, batches, dense_dim changes and refused arguments run on the CPU.
-def _convert_on_gpu(sp_input, layout, blocksize=None, dense_dim=None, **_) -> str | None:
-    if _gpu.refused(_plan, sp_input, layout, blocksize, dense_dim):
-        return "argument"
-    if not _gpu.native(sp_input):
-        return "dtype"
-    layout, blocksize, dense_dim = _plan(sp_input, layout, blocksize, dense_dim)
-    if dense_dim != sp_input.dense_ndim:
+# Block layouts, batches and dense_dim changes run on the CPU.
+def _convert_declines(plan: Plan) -> str | None:
+    t, layout, blocksize = plan.args["sp_input"], plan.args["layout"], plan.args["blocksize"]
+    if plan.args["dense_dim"] != t.dense_ndim:
         return "dense_dim"
-    if layout == sp_input.layout != "coo" and (blocksize is None or tuple(sp_input.blocksize) == blocksize):
+    if layout == t.layout != "coo" and (blocksize is None or tuple(t.blocksize) == blocksize):
         return None  # the input itself, whatever its batches and blocks
     if layout in BLOCK_LAYOUTS:
         return "layout"
-    if sp_input.layout == "coo" and layout == "coo":
+    if t.layout == "coo" and layout == "coo":
         return None
-    return _gpu.plain_matrix(sp_input)
+    return not_a_matrix(t)
 
 
 def _coo_to_csr_gpu(be, t: SparseTensor):
@@ -171,9 +174,10 @@ def _transposed_gpu(be, layout: str, shape, ptr, plain, values):
     return _gpu.compressed("csc" if layout == "csr" else "csr", shape, ptr_t, plain_t, values[perm])
 
 
-@REGISTRY.gpu("convert", supports=_convert_on_gpu)
+@REGISTRY.gpu("convert", declines=_convert_declines)
 @_gpu.quiet
-def convert_gpu(be, sp_input: SparseTensor, layout: str, blocksize=None, dense_dim=None) -> SparseTensor:
+def convert_gpu(be, sp_input: SparseTensor, layout: str, blocksize: tuple[int, int] | None,
+                dense_dim: int) -> SparseTensor:
     xp = be.xp
     t, shape = sp_input, sp_input.dense_shape
     if t.layout == "coo":

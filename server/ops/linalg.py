@@ -6,8 +6,11 @@ reduced here to the CSR arrays of a matrix or of its transpose (a CSC is the
 CSR of the transpose, so it is read as it is); batches become one
 block-diagonal matrix, so the kernels in ``kernels/linalg.py`` see 2-D CSR only.
 Values are computed in a wider dtype where the kernels are not compiled for
-the input's (small integers in int64, float16 in float32) and cast back, which
-wraps integers exactly as a native product would.
+the input's (``_sputils.product_dtype``: small integers in int64, float16 in
+float32) and cast back, which wraps integers exactly as a native product would.
+Each op's ``check`` makes its refusals (layouts, dtypes, shapes) from metadata
+before any kernel; the kernels, CPU and GPU, only compute. ``matrix_rep`` and
+``csr_arrays`` are the seam the solvers and the Dask blocks read matrices through.
 """
 
 from __future__ import annotations
@@ -25,32 +28,17 @@ from sparseserve.kernels import linalg as lk
 
 from ..argtypes import BOOL, SCALAR, TENSOR
 from ..partition import Rowwise
-from ..registry import REGISTRY, Arg, Output
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
 from ._common import cast_scalar
-from ._layouts import as_coo, as_csr
+from ._layouts import SPARSE_LAYOUTS, as_coo, as_csr
+from ._sputils import INT32_MAX, as_product_dtype, prod, shape_of
 
-SPARSE = ("coo", "csr", "csc", "bsr", "bsc")
-INT32_MAX = np.iinfo(np.int32).max
+__all__ = ["MatrixRep", "matrix_dims", "matrix_rep", "csr_arrays", "check_matmul", "matmul",
+           "check_sampled_addmm", "sampled_addmm"]
 
 
 # ------------------------------------------------------------------ dtypes
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype the kernels run in for ``dtype`` (bool is refused before this)."""
-    if dtype.name in lk.COMPUTE_DTYPES:
-        return dtype
-    if dtype == np.float16:
-        return np.dtype(np.float32)
-    return np.dtype(np.int64)  # narrower integers and uint64 wrap identically in int64
-
-
-def _to_compute(a: np.ndarray) -> np.ndarray:
-    dtype = _compute_dtype(a.dtype)
-    if a.dtype == np.uint64:
-        return np.ascontiguousarray(a).view(np.int64)
-    return np.ascontiguousarray(a, dtype=dtype)
-
-
 def _from_compute(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if a.dtype == dtype:
         return a
@@ -74,21 +62,11 @@ def _check_dtypes(x, y, x_name: str, y_name: str, op: str) -> np.dtype:
     return x.dtype
 
 
-def _shape_of(t) -> list[int]:
-    return [int(d) for d in (t.dense_shape if isinstance(t, SparseTensor) else t.shape)]
-
-
-def _prod(dims) -> int:
-    out = 1
-    for d in dims:
-        out *= int(d)
-    return out
-
-
 # ------------------------------------------------------------------ sparse operands
-class Rep(NamedTuple):
+class MatrixRep(NamedTuple):
     """CSR arrays of the block-diagonal matrix of a (batched) sparse matrix, or of its
-    transpose (``transposed``: the arrays are a CSC's); ``m`` x ``n`` is one batch's matrix."""
+    transpose (``transposed``: the arrays are a CSC's); ``m`` x ``n`` is one batch's matrix.
+    The values are in the product kernels' dtype (``_sputils.product_dtype``)."""
 
     ptr: np.ndarray
     idx: np.ndarray
@@ -99,13 +77,20 @@ class Rep(NamedTuple):
     n: int
 
 
-def _matrix_dims(t: SparseTensor, name: str, op: str) -> tuple[tuple[int, ...], int, int]:
+def matrix_dims(t: SparseTensor, name: str, op: str) -> tuple[tuple[int, ...], int, int]:
+    """(batch dimensions, m, n) of the sparse matrix or batch of matrices ``t`` [*batch, m, n],
+    the check every op that reads ``t`` as matrices makes: hybrid tensors are UNIMPLEMENTED and a
+    rank under 2 INVALID_ARGUMENT, each naming ``name`` and ``op``."""
     if t.dense_ndim:
         raise UnimplementedError(f"{op} does not support hybrid tensors: {name} has {t.dense_ndim} dense "
                                  "dimensions; convert it with dense_dim=0 first", reason=Reason.UNSUPPORTED_HYBRID)
     if t.ndim < 2:
-        raise InvalidArgumentError(f"{name} has shape {_shape_of(t)}; {op} needs a matrix or a batch of "
+        raise InvalidArgumentError(f"{name} has shape {shape_of(t)}; {op} needs a matrix or a batch of "
                                    "matrices (rank 2 or more)", reason=Reason.RANK)
+    return _dims(t)
+
+
+def _dims(t: SparseTensor) -> tuple[tuple[int, ...], int, int]:
     shape = t.dense_shape
     return tuple(int(d) for d in shape[:-2]), int(shape[-2]), int(shape[-1])
 
@@ -113,7 +98,7 @@ def _matrix_dims(t: SparseTensor, name: str, op: str) -> tuple[tuple[int, ...], 
 def _flat_compressed(t: SparseTensor, n_plain: int):
     """(ptr, idx, vals) of a CSR/CSC's batches as one block-diagonal matrix; an unbatched
     tensor's arrays as they are (int32 stays int32)."""
-    n_batch = _prod(t.dense_shape[:t.batch_ndim])
+    n_batch = prod(t.dense_shape[:t.batch_ndim])
     ci = t.compressed_indices.reshape(n_batch, t.compressed_indices.shape[-1])
     pi = t.plain_indices.reshape(n_batch, t.plain_indices.shape[-1])
     vals = t.values.reshape(-1)
@@ -132,22 +117,25 @@ def _flat_coo(t: SparseTensor, batch, m: int, n: int) -> SparseTensor:
     indices = t.indices
     b = np.ravel_multi_index(tuple(indices[:, :-2].T), batch) if indices.shape[0] else \
         np.zeros(0, np.int64)
-    n_batch = _prod(batch)
+    n_batch = prod(batch)
     flat = np.stack([b * m + indices[:, -2], b * n + indices[:, -1]], axis=1).astype(np.int64)
     return SparseTensor(indices=flat, values=t.values, dense_shape=[n_batch * m, n_batch * n])
 
 
-def _rep(t: SparseTensor, name: str, op: str) -> Rep:
-    batch, m, n = _matrix_dims(t, name, op)
+def matrix_rep(t: SparseTensor) -> MatrixRep:
+    """A checked sparse matrix or batch of matrices (``matrix_dims``), any layout, as the CSR
+    arrays of its block-diagonal matrix or of its transpose: a CSC is read as it is, block
+    layouts and COO are converted (every element of a stored block a stored entry)."""
+    batch, m, n = _dims(t)
     if t.layout in ("bsr", "bsc"):
         t = as_coo(t)  # every element of a stored block is a stored entry; batches lead
     if t.layout == "coo":
         csr = as_csr(_flat_coo(t, batch, m, n) if batch else t)
         ptr, idx, vals = csr.compressed_indices, csr.plain_indices, csr.values
-        return Rep(ptr, idx, _to_compute(vals), False, batch, m, n)
+        return MatrixRep(ptr, idx, as_product_dtype(vals), False, batch, m, n)
     transposed = t.layout == "csc"
     ptr, idx, vals = _flat_compressed(t, m if transposed else n)
-    return Rep(ptr, idx, _to_compute(vals), transposed, batch, m, n)
+    return MatrixRep(ptr, idx, as_product_dtype(vals), transposed, batch, m, n)
 
 
 def _transpose_arrays(ptr, idx, vals, n_plain: int):
@@ -156,8 +144,9 @@ def _transpose_arrays(ptr, idx, vals, n_plain: int):
     return ci.reshape(-1), pi.reshape(-1), vals[perm]
 
 
-def _csr_of_op(rep: Rep, adjoint: bool):
-    """(ptr, idx, vals) of the 2-D matrix op(M): M, or M^H with ``adjoint``."""
+def csr_arrays(rep: MatrixRep, adjoint: bool = False):
+    """(ptr, idx, vals) of the 2-D (block-diagonal) matrix op(M): M, or M^H with ``adjoint``,
+    transposed by a counting sort where ``rep`` holds the other one."""
     ptr, idx, vals = rep.ptr, rep.idx, rep.vals
     if rep.transposed != adjoint:
         ptr, idx, vals = _transpose_arrays(ptr, idx, vals, rep.n if not rep.transposed else rep.m)
@@ -165,10 +154,10 @@ def _csr_of_op(rep: Rep, adjoint: bool):
 
 
 # ------------------------------------------------------------------ sparse @ dense
-def _sparse_dense(rep: Rep, want_t: bool, conj: bool, x: np.ndarray) -> np.ndarray:
+def _sparse_dense(rep: MatrixRep, want_t: bool, conj: bool, x: np.ndarray) -> np.ndarray:
     """op(M) @ x with op(M) = M, M^T, conj(M) or M^H; x [*batch, inner, k] or [inner] (checked)."""
     rows, inner = (rep.n, rep.m) if want_t else (rep.m, rep.n)
-    n_batch = _prod(rep.batch)
+    n_batch = prod(rep.batch)
     vals = _conj(rep.vals) if conj else rep.vals
     ptr, idx = rep.ptr, rep.idx
     gather = rep.transposed == want_t
@@ -190,7 +179,7 @@ def _check_dense_operand(x: np.ndarray, x_name: str, inner: int, batch, s_name: 
         raise InvalidArgumentError(f"{x_name} is a scalar; matmul needs a vector or a matrix", reason=Reason.RANK)
     if x.ndim == 1:
         if x_adjoint:
-            raise InvalidArgumentError(f"{x_name} is a vector (shape {_shape_of(x)}); adjoint needs a matrix",
+            raise InvalidArgumentError(f"{x_name} is a vector (shape {shape_of(x)}); adjoint needs a matrix",
                                        reason=Reason.RANK)
         if batch:
             raise InvalidArgumentError(f"{x_name} is a vector but {s_name} is batched (shape {list(s_shape)}); "
@@ -203,47 +192,35 @@ def _check_dense_operand(x: np.ndarray, x_name: str, inner: int, batch, s_name: 
         got_inner = x.shape[-1] if x_adjoint else x.shape[-2]
     if got_batch != tuple(batch) or got_inner != inner:
         raise InvalidArgumentError(
-            f"{op_desc}: {s_name} has shape {list(s_shape)} and {x_name} has shape {_shape_of(x)}, which do not "
+            f"{op_desc}: {s_name} has shape {list(s_shape)} and {x_name} has shape {shape_of(x)}, which do not "
             "multiply (inner dimensions must agree and batch dimensions be equal)", reason=Reason.SHAPE_MISMATCH)
 
 
 def _sparse_times_dense(a: SparseTensor, b: np.ndarray, adjoint_a: bool, adjoint_b: bool) -> np.ndarray:
-    rep = _rep(a, "a", "matmul")
-    _check_dense_operand(b, "b", rep.m if adjoint_a else rep.n, rep.batch, "a", a.dense_shape, adjoint_b,
-                         "op(a) @ op(b)")
+    rep = matrix_rep(a)
     x = np.conj(np.swapaxes(b, -1, -2)) if adjoint_b else b
-    y = _sparse_dense(rep, adjoint_a, adjoint_a, _to_compute(x))
+    y = _sparse_dense(rep, adjoint_a, adjoint_a, as_product_dtype(x))
     return _from_compute(y, a.dtype)
 
 
 def _dense_times_sparse(a: np.ndarray, b: SparseTensor, adjoint_a: bool, adjoint_b: bool) -> np.ndarray:
     """op(a) @ op(b) computed as (op(b)^T @ op(a)^T)^T: op(b)^T is b^T, or conj(b) when adjoint_b."""
-    rep = _rep(b, "b", "matmul")
-    inner = rep.n if adjoint_b else rep.m
+    rep = matrix_rep(b)
     if a.ndim == 1:  # a row vector: op(b)^T @ a
-        _check_dense_operand(a, "a", inner, rep.batch, "b", b.dense_shape, adjoint_a, "op(a) @ op(b)")
-        return _from_compute(_sparse_dense(rep, not adjoint_b, adjoint_b, _to_compute(a)), a.dtype)
+        return _from_compute(_sparse_dense(rep, not adjoint_b, adjoint_b, as_product_dtype(a)), a.dtype)
     # op(a)^T [*batch, inner, rows]: a's last two dims swapped, or conj(a) when adjoint_a.
-    _check_dense_operand(a, "a", inner, rep.batch, "b", b.dense_shape, not adjoint_a, "op(a) @ op(b)")
     at = np.conj(a) if adjoint_a else np.swapaxes(a, -1, -2)
-    yt = _sparse_dense(rep, not adjoint_b, adjoint_b, _to_compute(at))
+    yt = _sparse_dense(rep, not adjoint_b, adjoint_b, as_product_dtype(at))
     return _from_compute(np.ascontiguousarray(np.swapaxes(yt, -1, -2)), a.dtype)
 
 
 # ------------------------------------------------------------------ sparse @ sparse
 def _sparse_times_sparse(a: SparseTensor, b: SparseTensor, adjoint_a: bool, adjoint_b: bool) -> SparseTensor:
-    ra, rb = _rep(a, "a", "matmul"), _rep(b, "b", "matmul")
-    if ra.batch or rb.batch:
-        raise UnimplementedError(f"matmul of two sparse tensors needs 2-D matrices; a has shape "
-                                 f"{_shape_of(a)} and b has shape {_shape_of(b)}", reason=Reason.UNSUPPORTED_BATCH)
-    p, q = (ra.n, ra.m) if adjoint_a else (ra.m, ra.n)
-    q2, r = (rb.n, rb.m) if adjoint_b else (rb.m, rb.n)
-    if q != q2:
-        raise InvalidArgumentError(
-            f"op(a) @ op(b): a has shape {_shape_of(a)} and b has shape {_shape_of(b)}, which do not multiply "
-            f"(op(a) has {q} columns, op(b) has {q2} rows)", reason=Reason.SHAPE_MISMATCH)
-    a_ptr, a_idx, a_vals = _csr_of_op(ra, adjoint_a)
-    b_ptr, b_idx, b_vals = _csr_of_op(rb, adjoint_b)
+    ra, rb = matrix_rep(a), matrix_rep(b)
+    p = ra.n if adjoint_a else ra.m
+    r = rb.m if adjoint_b else rb.n
+    a_ptr, a_idx, a_vals = csr_arrays(ra, adjoint_a)
+    b_ptr, b_idx, b_vals = csr_arrays(rb, adjoint_b)
     index = np.result_type(a_idx.dtype, b_idx.dtype)  # one index dtype: one compiled signature
     a_ptr, a_idx, b_ptr, b_idx = (v.astype(index, copy=False) for v in (a_ptr, a_idx, b_ptr, b_idx))
     c_ptr, c_idx, c_vals = lk.spgemm(a_ptr, a_idx, a_vals, b_ptr, b_idx, b_vals, r, index)
@@ -282,10 +259,10 @@ def _matmul_bytes(a, b, adjoint_a=False, adjoint_b=False, **_) -> int:
     try:
         a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
         itemsize = a.dtype.itemsize
-        sa, sb = _shape_of(a), _shape_of(b)
+        sa, sb = shape_of(a), shape_of(b)
         if a_sparse and b_sparse:
             if len(sa) != 2 or len(sb) != 2 or a.dense_ndim or b.dense_ndim:
-                return 0  # refused by the op itself
+                return 0  # refused by the check
             p, r = (sa[1] if adjoint_a else sa[0]), (sb[0] if adjoint_b else sb[1])
             inner_a = _axis_counts(a, 0 if adjoint_a else 1).astype(np.float64)
             inner_b = _axis_counts(b, 1 if adjoint_b else 0).astype(np.float64)
@@ -298,12 +275,65 @@ def _matmul_bytes(a, b, adjoint_a=False, adjoint_b=False, **_) -> int:
             return 0
         rows = _op_dims(sa, adjoint_a)[0] if len(sa) > 1 else 1  # a vector contributes no dimension
         cols = _op_dims(sb, adjoint_b)[1] if len(sb) > 1 else 1
-        return _prod(sparse_shape[:-2]) * rows * cols * itemsize
+        return prod(sparse_shape[:-2]) * rows * cols * itemsize
     except (AttributeError, TypeError, ValueError, IndexError):
         return 0
 
 
 # ------------------------------------------------------------------ matmul
+def _spgemm_shape(a: SparseTensor, b: SparseTensor, adjoint_a: bool, adjoint_b: bool) -> tuple[int, int]:
+    (a_batch, am, an), (b_batch, bm, bn) = matrix_dims(a, "a", "matmul"), matrix_dims(b, "b", "matmul")
+    if a_batch or b_batch:
+        raise UnimplementedError(f"matmul of two sparse tensors needs 2-D matrices; a has shape "
+                                 f"{shape_of(a)} and b has shape {shape_of(b)}", reason=Reason.UNSUPPORTED_BATCH)
+    p, q = (an, am) if adjoint_a else (am, an)
+    q2, r = (bn, bm) if adjoint_b else (bm, bn)
+    if q != q2:
+        raise InvalidArgumentError(
+            f"op(a) @ op(b): a has shape {shape_of(a)} and b has shape {shape_of(b)}, which do not multiply "
+            f"(op(a) has {q} columns, op(b) has {q2} rows)", reason=Reason.SHAPE_MISMATCH)
+    return p, r
+
+
+def _sparse_dense_shape(a: SparseTensor, b: np.ndarray, adjoint_a: bool, adjoint_b: bool) -> tuple[int, ...]:
+    batch, m, n = matrix_dims(a, "a", "matmul")
+    _check_dense_operand(b, "b", m if adjoint_a else n, batch, "a", a.dense_shape, adjoint_b, "op(a) @ op(b)")
+    rows = n if adjoint_a else m
+    if b.ndim == 1:
+        return (rows,)
+    return (*batch, rows, int(b.shape[-2] if adjoint_b else b.shape[-1]))
+
+
+def _dense_sparse_shape(a: np.ndarray, b: SparseTensor, adjoint_a: bool, adjoint_b: bool) -> tuple[int, ...]:
+    batch, m, n = matrix_dims(b, "b", "matmul")
+    inner, cols = (n, m) if adjoint_b else (m, n)
+    if a.ndim == 1:  # a row vector
+        _check_dense_operand(a, "a", inner, batch, "b", b.dense_shape, adjoint_a, "op(a) @ op(b)")
+        return (cols,)
+    # op(a) must be [*batch, rows, inner]: its transpose is checked as the operand.
+    _check_dense_operand(a, "a", inner, batch, "b", b.dense_shape, not adjoint_a, "op(a) @ op(b)")
+    return (*batch, int(a.shape[-1] if adjoint_a else a.shape[-2]), cols)
+
+
+def check_matmul(a, b, adjoint_a: bool = False, adjoint_b: bool = False) -> Plan:
+    """At least one operand sparse, one dtype (not bool), sparse operands plain or batched
+    matrices (no hybrid; two sparse ones 2-D), shapes that multiply; the result's dtype, layout
+    and shape."""
+    a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
+    if not a_sparse and not b_sparse:
+        raise UnimplementedError("matmul needs at least one sparse operand; for dense @ dense use a dense "
+                                 "library", reason=Reason.UNSUPPORTED_LAYOUT)
+    dtype = _check_dtypes(a, b, "a", "b", "matmul")
+    if a_sparse and b_sparse:
+        shape: tuple[int, ...] = _spgemm_shape(a, b, adjoint_a, adjoint_b)
+        return Plan(dtype=dtype, layout="csr" if a.layout == "csr" else "coo", shape=shape)
+    if a_sparse:
+        shape = _sparse_dense_shape(a, b, adjoint_a, adjoint_b)
+    else:
+        shape = _dense_sparse_shape(a, b, adjoint_a, adjoint_b)
+    return Plan(dtype=dtype, layout="dense", shape=shape)
+
+
 @REGISTRY.op(
     "matmul",
     doc="""Matrix product op(a) @ op(b) with at least one sparse operand (tf.sparse.sparse_dense_matmul,
@@ -321,62 +351,37 @@ past --max-result-bytes.
 Both operands must have one dtype; every number dtype works except bool (UNIMPLEMENTED); integers wrap
 as numpy's matmul does, float16 is accumulated in float32. dense @ dense is UNIMPLEMENTED (not sparse work).""",
     args=[Arg("a", TENSOR, "Left operand: sparse [*batch, m, n], or dense [m, n] / [*batch, m, n] / [n].",
-              layouts=(*SPARSE, "dense")),
+              layouts=(*SPARSE_LAYOUTS, "dense")),
           Arg("b", TENSOR, "Right operand: dense [n] / [n, k] / [*batch, n, k], or sparse [n, k].",
-              layouts=(*SPARSE, "dense")),
+              layouts=(*SPARSE_LAYOUTS, "dense")),
           Arg("adjoint_a", BOOL, "Use the conjugate transpose of a (its last two dimensions).", default=False),
           Arg("adjoint_b", BOOL, "Use the conjugate transpose of b (its last two dimensions).", default=False)],
     outputs=[Output("output", "sparse", "Dense for sparse @ dense and dense @ sparse; sparse (CSR or COO) "
                     "for sparse @ sparse.")],
+    check=check_matmul,
     result_bytes=_matmul_bytes,
 )
 def matmul(a, b, adjoint_a: bool = False, adjoint_b: bool = False):
-    a_sparse, b_sparse = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
-    if not a_sparse and not b_sparse:
-        raise UnimplementedError("matmul needs at least one sparse operand; for dense @ dense use a dense "
-                                 "library", reason=Reason.UNSUPPORTED_LAYOUT)
-    _check_dtypes(a, b, "a", "b", "matmul")
-    if a_sparse and b_sparse:
+    if isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
         return _sparse_times_sparse(a, b, adjoint_a, adjoint_b)
-    if a_sparse:
+    if isinstance(a, SparseTensor):
         return _sparse_times_dense(a, b, adjoint_a, adjoint_b)
     return _dense_times_sparse(a, b, adjoint_a, adjoint_b)
 
 
 # ------------------------------------------------------------------ matmul on the GPU
 # SpMV/SpMM and SpGEMM through the backend's sparse matrices (cuSPARSE on a GPU host), for 2-D
-# COO/CSR/CSC operands in the dtypes cuSPARSE multiplies. Batched, hybrid and block operands,
-# other dtypes and sizes past int32 indices (CuPy's sparse matrices) run on the CPU kernel, as
-# does every call it would refuse (so it raises its usual error).
-def _matmul_on_gpu(a, b, adjoint_a=False, adjoint_b=False, **_) -> str | None:
-    a_sparse, b_sparse = _gpu.is_sparse(a), _gpu.is_sparse(b)
-    if not a_sparse and not b_sparse:
-        return "argument"
-    if a.dtype != b.dtype or a.dtype.name not in _gpu.CUSPARSE_DTYPES or not _gpu.native(a, b):
-        return "dtype"
-    for t in (a, b):
-        if _gpu.is_sparse(t):
-            reason = _gpu.plain_matrix(t)
-            if reason is not None:
-                return reason
-            if max(t.dense_shape) > _gpu.INT32_MAX or t.nnz > _gpu.INT32_MAX:
-                return "size"
-        elif any(d > _gpu.INT32_MAX for d in t.shape):
+# COO/CSR/CSC operands in the dtypes cuSPARSE multiplies (the check made them one dtype).
+# Batched, hybrid and block operands, other dtypes and sizes past int32 indices (CuPy's sparse
+# matrices) run on the CPU kernel.
+def _matmul_declines(plan: Plan) -> str | None:
+    """Operands past int32 indices (a dimension or an entry count), which CuPy's sparse matrices
+    cannot index."""
+    for t in (plan.args["a"], plan.args["b"]):
+        count = t.nnz if isinstance(t, SparseTensor) else 0
+        if max(shape_of(t), default=0) > INT32_MAX or count > INT32_MAX:
             return "size"
-    if a_sparse and b_sparse:
-        q = a.dense_shape[0] if adjoint_a else a.dense_shape[1]
-        q2 = b.dense_shape[1] if adjoint_b else b.dense_shape[0]
-        return None if q == q2 else "shape"
-    if a_sparse:
-        m, n = a.dense_shape
-        bad = _gpu.refused(_check_dense_operand, b, "b", m if adjoint_a else n, (), "a", a.dense_shape,
-                           adjoint_b, "")
-    else:
-        m, n = b.dense_shape
-        x_adjoint = adjoint_a if a.ndim == 1 else not adjoint_a
-        bad = _gpu.refused(_check_dense_operand, a, "a", n if adjoint_b else m, (), "b", b.dense_shape,
-                           x_adjoint, "")
-    return "shape" if bad else None
+    return None
 
 
 def _gpu_conj(xp, x):
@@ -423,7 +428,8 @@ def _spgemm_gpu(be, a: SparseTensor, b: SparseTensor, adjoint_a: bool, adjoint_b
     return _gpu.coo((p, r), xp.stack([rows, cols], axis=1), values, coalesced=True)
 
 
-@REGISTRY.gpu("matmul", supports=_matmul_on_gpu)
+@REGISTRY.gpu("matmul", layouts={"a": ("coo", "csr", "csc", "dense"), "b": ("coo", "csr", "csc", "dense")},
+              dtypes=_gpu.CUSPARSE_DTYPES, matrices=("a", "b"), declines=_matmul_declines)
 @_gpu.quiet
 def matmul_gpu(be, a, b, adjoint_a: bool = False, adjoint_b: bool = False):
     xp = be.xp
@@ -433,7 +439,7 @@ def matmul_gpu(be, a, b, adjoint_a: bool = False, adjoint_b: bool = False):
         x = _gpu_conj(xp, xp.swapaxes(b, -1, -2)) if adjoint_b else b
         rows = _op_dims(a.dense_shape, adjoint_a)[0]
         out_shape = (rows,) if x.ndim == 1 else (rows, int(x.shape[1]))
-        if a.nnz == 0 or _prod(out_shape) == 0:
+        if a.nnz == 0 or prod(out_shape) == 0:
             return xp.zeros(out_shape, dtype=a.dtype)
         mat = _gpu_matrix(be, a, conj=adjoint_a)
         return ka.spmm(xp, mat.T if adjoint_a else mat, x)
@@ -444,7 +450,7 @@ def matmul_gpu(be, a, b, adjoint_a: bool = False, adjoint_b: bool = False):
     else:
         x = _gpu_conj(xp, a) if adjoint_a else xp.swapaxes(a, -1, -2)
         out_shape = (int(x.shape[1]), cols)
-    if b.nnz == 0 or _prod(out_shape) == 0:
+    if b.nnz == 0 or prod(out_shape) == 0:
         return xp.zeros(out_shape, dtype=b.dtype)
     mat = _gpu_matrix(be, b, conj=adjoint_b)
     y = ka.spmm(xp, mat if adjoint_b else mat.T, x)
@@ -473,6 +479,24 @@ def _sddmm_bytes(input, **_) -> int:
     return int(input.nbytes) if isinstance(input, SparseTensor) else 0
 
 
+def check_sampled_addmm(input: SparseTensor, mat1: np.ndarray, mat2: np.ndarray, beta=1, alpha=1) -> Plan:
+    """One dtype for the three (not bool), input a plain or batched matrix (no hybrid), shapes
+    [*batch, m, n], [*batch, m, d], [*batch, d, n]; alpha and beta as scalars of that dtype (the
+    kernel's ``alpha`` and ``beta``), refused where the cast would change them."""
+    dtype = _check_dtypes(input, mat1, "input", "mat1", "sampled_addmm")
+    _check_dtypes(input, mat2, "input", "mat2", "sampled_addmm")
+    batch, m, n = matrix_dims(input, "input", "sampled_addmm")
+    ok = mat1.ndim == mat2.ndim == input.ndim and tuple(mat1.shape[:-2]) == batch == tuple(mat2.shape[:-2]) \
+        and mat1.shape[-2] == m and mat2.shape[-1] == n and mat1.shape[-1] == mat2.shape[-2]
+    if not ok:
+        raise InvalidArgumentError(
+            f"input has shape {shape_of(input)}, mat1 {shape_of(mat1)} and mat2 {shape_of(mat2)}; they must be "
+            "[*batch, m, n], [*batch, m, d] and [*batch, d, n]", reason=Reason.SHAPE_MISMATCH)
+    alpha_c = cast_scalar(alpha, dtype, "alpha")
+    beta_c = cast_scalar(beta, dtype, "beta")
+    return Plan(args={"alpha": alpha_c, "beta": beta_c}, dtype=dtype, layout=input.layout, shape=input.dense_shape)
+
+
 @REGISTRY.op(
     "sampled_addmm",
     doc="""beta * input + alpha * (mat1 @ mat2) at input's stored entries only (torch.sparse.sampled_addmm,
@@ -488,26 +512,20 @@ UNIMPLEMENTED. alpha and beta must be representable in that dtype (INVALID_ARGUM
           Arg("beta", SCALAR, "Multiplier of input.", default=1),
           Arg("alpha", SCALAR, "Multiplier of mat1 @ mat2.", default=1)],
     outputs=[Output("output", "sparse", "input's structure with the new values.")],
+    check=check_sampled_addmm,
     result_bytes=_sddmm_bytes,
 )
 def sampled_addmm(input: SparseTensor, mat1: np.ndarray, mat2: np.ndarray, beta=1, alpha=1) -> SparseTensor:
-    dtype = _check_dtypes(input, mat1, "input", "mat1", "sampled_addmm")
-    _check_dtypes(input, mat2, "input", "mat2", "sampled_addmm")
-    batch, m, n = _matrix_dims(input, "input", "sampled_addmm")
-    ok = mat1.ndim == mat2.ndim == input.ndim and tuple(mat1.shape[:-2]) == batch == tuple(mat2.shape[:-2]) \
-        and mat1.shape[-2] == m and mat2.shape[-1] == n and mat1.shape[-1] == mat2.shape[-2]
-    if not ok:
-        raise InvalidArgumentError(
-            f"input has shape {_shape_of(input)}, mat1 {_shape_of(mat1)} and mat2 {_shape_of(mat2)}; they must be "
-            "[*batch, m, n], [*batch, m, d] and [*batch, d, n]", reason=Reason.SHAPE_MISMATCH)
-    alpha_c = _to_compute(np.asarray([cast_scalar(alpha, dtype, "alpha")], dtype))[0]
-    beta_c = _to_compute(np.asarray([cast_scalar(beta, dtype, "beta")], dtype))[0]
+    dtype = input.dtype
+    alpha_c = as_product_dtype(np.asarray([alpha], dtype))[0]
+    beta_c = as_product_dtype(np.asarray([beta], dtype))[0]
+    batch, m, n = _dims(input)
     rows, cols = _entries(input, batch, m, n)
     d = int(mat1.shape[-1])
-    n_batch = _prod(batch)
-    m1 = _to_compute(mat1).reshape(n_batch * m, d)
-    m2t = _to_compute(np.swapaxes(mat2, -1, -2)).reshape(n_batch * n, d)
-    vals = _to_compute(input.values).reshape(-1)
+    n_batch = prod(batch)
+    m1 = as_product_dtype(mat1).reshape(n_batch * m, d)
+    m2t = as_product_dtype(np.swapaxes(mat2, -1, -2)).reshape(n_batch * n, d)
+    vals = as_product_dtype(input.values).reshape(-1)
     out = _from_compute(lk.sddmm(rows, cols, vals, m1, m2t, alpha_c, beta_c, bool(beta_c != 0)), dtype)
     out = out.reshape(input.values.shape)
     if input.layout == "coo":

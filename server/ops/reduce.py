@@ -1,4 +1,11 @@
-"""Reductions and friends: reduce_sum, reduce_max, softmax, log_softmax, maximum, minimum."""
+"""Reductions and friends: reduce_sum, reduce_max, softmax, log_softmax, maximum, minimum.
+
+Each op's ``check`` makes its refusals from metadata (dtypes, shapes, sparse dimensions,
+arguments; the axes are normalised when the call binds, ``argtypes.axes_of``/``axis_of``)
+before any kernel, on every device; a reduction's check also works out the shapes its kernels
+use (``_ReducePlan``), once. The kernels raise nothing of their own: every refusal here depends
+on metadata alone.
+"""
 
 from __future__ import annotations
 
@@ -13,34 +20,24 @@ from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import reduce as rk
 
-from ..argtypes import AXES, BOOL, INT, SPARSE
+from ..argtypes import BOOL, SPARSE, axes_of, axis_of
+from ..device import not_a_matrix
 from ..partition import Reduction
-from ..registry import REGISTRY, Arg, Output
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
-from ._layouts import SPARSE_LAYOUTS, as_coo, as_csr
+from ._sputils import shape_of
+from ._layouts import SPARSE_LAYOUTS, as_coo, as_csr, view_sparse_ndim
 
 
 SP_INPUT = Arg("sp_input", SPARSE, "The input sparse tensor (COO, CSR, CSC, BSR or BSC).",
                layouts=SPARSE_LAYOUTS)
 
 
-def _axis_index(axis: int, rank: int, name: str) -> int:
-    if not -rank <= axis < rank:
-        raise InvalidArgumentError(f"{name} = {axis} is out of range for a tensor of rank {rank} "
-                                   f"(valid: {-rank} to {rank - 1})", reason=Reason.AXIS_OUT_OF_RANGE)
-    return axis % rank
-
-
-def _reduction_axes(axis: list[int] | None, rank: int) -> list[int]:
-    """Sorted non-negative axes; None means all of them. An axis named twice (1 and -1 of a
-    matrix too) is reduced once, as tf.sparse.reduce_sum/reduce_max do."""
-    if axis is None:
-        return list(range(rank))
-    return sorted({_axis_index(a, rank, f"axis[{i}]") for i, a in enumerate(axis)})
-
-
-@dataclass
+@dataclass(frozen=True)
 class _ReducePlan:
+    """The shapes a reduction's kernels work with, from the input's COO view (a compressed
+    tensor's batch dimensions count as sparse ones): worked out once by the check."""
+
     shape: tuple[int, ...]
     sparse_ndim: int
     axes: list[int]
@@ -73,10 +70,11 @@ def _out_shape(shape, axes: list[int], keepdims: bool) -> tuple[int, ...]:
     return tuple(n for d, n in enumerate(shape) if d not in axes)
 
 
-def _reduce_bytes(sp_input, axis=None, keepdims=False, output_is_sparse=False, **_) -> int:
+def _reduce_bytes(sp_input, axis: list[int], keepdims=False, output_is_sparse=False, **_) -> int:
+    """Bytes of a dense result; ``axis`` as bound (sorted, non-negative)."""
     if output_is_sparse:
         return 0
-    out = _out_shape(sp_input.dense_shape, _reduction_axes(axis, len(sp_input.dense_shape)), keepdims)
+    out = _out_shape(sp_input.dense_shape, axis, keepdims)
     return int(np.prod(out, dtype=object)) * sp_input.dtype.itemsize
 
 
@@ -85,6 +83,30 @@ def _check_reduce_dtype(op: str, dtype: np.dtype) -> None:
         what = "bool" if dtype == np.bool_ else "complex"
         raise UnimplementedError(f"reduce_{op} does not support {what} values ({dtype.name}), as "
                                  f"TensorFlow's does not", reason=Reason.UNSUPPORTED_DTYPE)
+
+
+def _check_reduce(op: str, sp_input: SparseTensor, axis: list[int], keepdims: bool,
+                  output_is_sparse: bool) -> Plan:
+    """The values' dtype, and a sparse result has a dimension; the kernels' shapes
+    (``reduction``). ``axis`` is bound: sorted, non-negative, each axis once."""
+    _check_reduce_dtype(op, sp_input.dtype)
+    reduction = _ReducePlan(tuple(shape_of(sp_input)), view_sparse_ndim(sp_input), list(axis), keepdims)
+    if output_is_sparse and not reduction.out_shape:
+        raise InvalidArgumentError(
+            f"reduce_{op} over every axis without keepdims gives a scalar, which cannot be sparse; "
+            "pass keepdims=true or output_is_sparse=false", reason=Reason.RANK_TOO_LOW)
+    return Plan(args={"reduction": reduction}, dtype=sp_input.dtype, layout="coo" if output_is_sparse else "dense",
+                shape=reduction.out_shape)
+
+
+def check_reduce_sum(sp_input: SparseTensor, axis: list[int], keepdims: bool = False,
+                     output_is_sparse: bool = False) -> Plan:
+    return _check_reduce(rk.SUM, sp_input, axis, keepdims, output_is_sparse)
+
+
+def check_reduce_max(sp_input: SparseTensor, axis: list[int], keepdims: bool = False,
+                     output_is_sparse: bool = False) -> Plan:
+    return _check_reduce(rk.MAX, sp_input, axis, keepdims, output_is_sparse)
 
 
 def _entry_values(t: SparseTensor, plan: _ReducePlan, op: str, work: np.dtype) -> np.ndarray:
@@ -134,16 +156,9 @@ def _csr_coordinates(t: SparseTensor, kept: list[int]) -> np.ndarray:
     return np.stack([columns[d]() for d in kept], axis=1)
 
 
-def _reduce(op: str, sp_input: SparseTensor, axis, keepdims: bool, output_is_sparse: bool):
-    _check_reduce_dtype(op, sp_input.dtype)
-    axes = _reduction_axes(axis, len(sp_input.dense_shape))
+def _reduce(op: str, sp_input: SparseTensor, plan: _ReducePlan, output_is_sparse: bool):
     plain_csr = sp_input.layout == "csr" and sp_input.batch_ndim == 0 and sp_input.values.ndim == 1
     t = sp_input if plain_csr else as_coo(sp_input)
-    plan = _ReducePlan(tuple(t.dense_shape), t.sparse_ndim, axes, keepdims)
-    if output_is_sparse and not plan.out_shape:
-        raise InvalidArgumentError(
-            f"reduce_{op} over every axis without keepdims gives a scalar, which cannot be sparse; "
-            "pass keepdims=true or output_is_sparse=false", reason=Reason.RANK_TOO_LOW)
     work = rk.work_dtype(op, t.dtype)
     values2d = _entry_values(t, plan, op, work)
     kept = plan.kept_sparse
@@ -158,8 +173,8 @@ def _reduce(op: str, sp_input: SparseTensor, axis, keepdims: bool, output_is_spa
 
 _REDUCE_ARGS = [
     SP_INPUT,
-    Arg("axis", AXES, "An axis or a list of axes to reduce (negative counts from the end; one named "
-        "twice is reduced once, as in TensorFlow); null reduces every axis, [] none.", default=None),
+    Arg("axis", axes_of("sp_input"), "An axis or a list of axes to reduce (negative counts from the end; one "
+        "named twice is reduced once, as in TensorFlow); null reduces every axis, [] none.", default=None),
     Arg("keepdims", BOOL, "Keep reduced axes with length 1.", default=False),
     Arg("output_is_sparse", BOOL, "Return a coalesced COO tensor instead of a dense one.",
         default=False),
@@ -178,10 +193,12 @@ output_is_sparse with every axis reduced and keepdims false is INVALID_ARGUMENT 
 bool is UNIMPLEMENTED. Inputs of any sparse layout are read as COO.""",
     args=_REDUCE_ARGS,
     outputs=_REDUCE_OUTPUT,
+    check=check_reduce_sum,
     result_bytes=_reduce_bytes,
 )
-def reduce_sum(sp_input: SparseTensor, axis=None, keepdims: bool = False, output_is_sparse: bool = False):
-    return _reduce(rk.SUM, sp_input, axis, keepdims, output_is_sparse)
+def reduce_sum(sp_input: SparseTensor, axis: list[int], reduction: _ReducePlan, keepdims: bool = False,
+               output_is_sparse: bool = False):
+    return _reduce(rk.SUM, sp_input, reduction, output_is_sparse)
 
 
 @REGISTRY.op(
@@ -194,30 +211,25 @@ Hybrid dense dimensions can be reduced too. output_is_sparse and keepdims as for
 bool and complex are UNIMPLEMENTED. Inputs of any sparse layout are read as COO.""",
     args=_REDUCE_ARGS,
     outputs=_REDUCE_OUTPUT,
+    check=check_reduce_max,
     result_bytes=_reduce_bytes,
 )
-def reduce_max(sp_input: SparseTensor, axis=None, keepdims: bool = False, output_is_sparse: bool = False):
-    return _reduce(rk.MAX, sp_input, axis, keepdims, output_is_sparse)
+def reduce_max(sp_input: SparseTensor, axis: list[int], reduction: _ReducePlan, keepdims: bool = False,
+               output_is_sparse: bool = False):
+    return _reduce(rk.MAX, sp_input, reduction, output_is_sparse)
 
 
 # ------------------------------------------------------------------ reduce_sum / reduce_max on the GPU
 # COO of any rank (hybrid too) and 2-D CSR/CSC, dense or sparse output, every dtype the op takes:
 # sums scatter into the work dtype (``arrays.scatter_sum``/``segment_sum``), maxima come from a
-# sort by (output key, value) (``arrays.group_max``). Block and batched compressed tensors run on
-# the CPU, as do the calls it refuses.
-def _reduce_on_gpu(op: str, sp_input, axis=None, keepdims=False, output_is_sparse=False) -> str | None:
-    if _gpu.refused(_check_reduce_dtype, op, sp_input.dtype):
-        return "dtype"
-    if _gpu.refused(_reduction_axes, axis, len(sp_input.dense_shape)):
-        return "argument"
-    if output_is_sparse and not _out_shape(sp_input.dense_shape, _reduction_axes(axis, sp_input.ndim), keepdims):
-        return "argument"
-    if not _gpu.native(sp_input):
-        return "dtype"
-    return None if sp_input.layout == "coo" else _gpu.plain_matrix(sp_input)
+# sort by (output key, value) (``arrays.group_max``). Block and batched compressed tensors (and
+# compressed ones with dense dimensions) run on the CPU.
+def _reduce_declines(plan: Plan) -> str | None:
+    t = plan.args["sp_input"]
+    return None if t.layout == "coo" else not_a_matrix(t)
 
 
-def _reduce_gpu(be, op: str, sp_input: SparseTensor, axis, keepdims: bool, output_is_sparse: bool):
+def _reduce_gpu(be, op: str, sp_input: SparseTensor, plan: _ReducePlan, output_is_sparse: bool):
     xp = be.xp
     t = sp_input
     if t.layout == "coo":
@@ -225,8 +237,6 @@ def _reduce_gpu(be, op: str, sp_input: SparseTensor, axis, keepdims: bool, outpu
     else:
         rows, cols, values = _gpu.coo_entries(xp, t)
         indices = xp.stack([rows, cols], axis=1)
-    sparse_ndim = int(indices.shape[1])
-    plan = _ReducePlan(tuple(t.dense_shape), sparse_ndim, _reduction_axes(axis, t.ndim), keepdims)
     work = rk.work_dtype(op, t.dtype)
     # Each entry's values over the reduced dense axes (the CPU's _entry_values).
     inner = int(np.prod(plan.out_dense_shape, dtype=np.int64))
@@ -280,41 +290,59 @@ def _sparse_result_gpu(xp, plan: _ReducePlan, coords, values2d):
     return _gpu.coo(plan.out_shape, indices, values, coalesced=True)
 
 
-@REGISTRY.gpu("reduce_sum", supports=lambda **bound: _reduce_on_gpu(rk.SUM, **bound))
+@REGISTRY.gpu("reduce_sum", declines=_reduce_declines)
 @_gpu.quiet
-def reduce_sum_gpu(be, sp_input, axis=None, keepdims: bool = False, output_is_sparse: bool = False):
-    return _reduce_gpu(be, rk.SUM, sp_input, axis, keepdims, output_is_sparse)
+def reduce_sum_gpu(be, sp_input, axis: list[int], reduction: _ReducePlan, keepdims: bool = False,
+                   output_is_sparse: bool = False):
+    return _reduce_gpu(be, rk.SUM, sp_input, reduction, output_is_sparse)
 
 
-@REGISTRY.gpu("reduce_max", supports=lambda **bound: _reduce_on_gpu(rk.MAX, **bound))
+@REGISTRY.gpu("reduce_max", declines=_reduce_declines)
 @_gpu.quiet
-def reduce_max_gpu(be, sp_input, axis=None, keepdims: bool = False, output_is_sparse: bool = False):
-    return _reduce_gpu(be, rk.MAX, sp_input, axis, keepdims, output_is_sparse)
+def reduce_max_gpu(be, sp_input, axis: list[int], reduction: _ReducePlan, keepdims: bool = False,
+                   output_is_sparse: bool = False):
+    return _reduce_gpu(be, rk.MAX, sp_input, reduction, output_is_sparse)
 
 
 # ------------------------------------------------------------------ softmax
-def _softmax(name: str, sp_input: SparseTensor, axis: int, log: bool) -> SparseTensor:
+def _softmax_layout(sp_input: SparseTensor) -> str:
+    """CSR for an unbatched CSR input (as torch's), COO otherwise."""
+    return "csr" if sp_input.layout == "csr" and sp_input.batch_ndim == 0 else "coo"
+
+
+def _check_softmax(name: str, sp_input: SparseTensor) -> Plan:
+    """Floating values (the axis is bound: non-negative, in range)."""
     dtype = sp_input.dtype
     if dtype.kind != "f":
         raise UnimplementedError(f"{name} needs floating values, not {dtype.name}",
                                  reason=Reason.UNSUPPORTED_DTYPE)
-    d = _axis_index(axis, len(sp_input.dense_shape), "axis")
+    return Plan(dtype=dtype, layout=_softmax_layout(sp_input), shape=sp_input.dense_shape)
+
+
+def check_softmax(sp_input: SparseTensor, axis: int) -> Plan:
+    return _check_softmax("softmax", sp_input)
+
+
+def check_log_softmax(sp_input: SparseTensor, axis: int) -> Plan:
+    return _check_softmax("log_softmax", sp_input)
+
+
+def _softmax(sp_input: SparseTensor, axis: int, log: bool) -> SparseTensor:
+    dtype = sp_input.dtype
     t = as_coo(sp_input)
     s = t.sparse_ndim
     indices, values = kernels.coalesce(t.indices, t.values, t.dense_shape)
     work = values.astype(rk.work_dtype(rk.MAX, dtype), copy=False)
-    if d >= s:
-        out = rk.softmax_dense_axis(work, 1 + d - s, log)
+    if axis >= s:
+        out = rk.softmax_dense_axis(work, 1 + axis - s, log)
     else:
-        cols = [j for j in range(s) if j != d]
+        cols = [j for j in range(s) if j != axis]
         line_shape = [t.dense_shape[j] for j in cols]
         inner = int(np.prod(values.shape[1:], dtype=np.int64))
         out = rk.softmax_lines(indices[:, cols], line_shape, work.reshape(indices.shape[0], inner), log)
     result = SparseTensor(indices=indices, values=out.astype(dtype, copy=False).reshape(values.shape),
                           dense_shape=t.dense_shape, coalesced=True)
-    if sp_input.layout == "csr" and sp_input.batch_ndim == 0:
-        return as_csr(result)
-    return result
+    return as_csr(result) if _softmax_layout(sp_input) == "csr" else result
 
 
 _SOFTMAX_DOC = """Applies {what} along one axis of a sparse tensor (torch.sparse.{name}).
@@ -328,33 +356,37 @@ their log). Where the two libraries differ we follow torch, whose argument (the 
 takes: repeated indices are summed first (TensorFlow normalises each repeat as a separate entry),
 unsorted input is taken (TensorFlow requires canonical order) and rank 1 is allowed (TensorFlow
 requires rank >= 2)."""
+_SOFTMAX_AXIS = Arg("axis", axis_of("sp_input"), "The axis (negative counts from the end).", default=-1)
 
 
 @REGISTRY.op(
     "softmax",
     doc=_SOFTMAX_DOC.format(what="softmax", name="softmax"),
-    args=[SP_INPUT, Arg("axis", INT, "The axis (negative counts from the end).", default=-1)],
+    args=[SP_INPUT, _SOFTMAX_AXIS],
     outputs=[Output("output", "sparse", "Softmax values at the input's (coalesced) entries.")],
+    check=check_softmax,
 )
-def softmax(sp_input: SparseTensor, axis: int = -1) -> SparseTensor:
-    return _softmax("softmax", sp_input, axis, log=False)
+def softmax(sp_input: SparseTensor, axis: int) -> SparseTensor:
+    return _softmax(sp_input, axis, log=False)
 
 
 @REGISTRY.op(
     "log_softmax",
     doc=_SOFTMAX_DOC.format(what="log(softmax)", name="log_softmax"),
-    args=[SP_INPUT, Arg("axis", INT, "The axis (negative counts from the end).", default=-1)],
+    args=[SP_INPUT, _SOFTMAX_AXIS],
     outputs=[Output("output", "sparse", "Log-softmax values at the input's (coalesced) entries.")],
+    check=check_log_softmax,
 )
-def log_softmax(sp_input: SparseTensor, axis: int = -1) -> SparseTensor:
-    return _softmax("log_softmax", sp_input, axis, log=True)
+def log_softmax(sp_input: SparseTensor, axis: int) -> SparseTensor:
+    return _softmax(sp_input, axis, log=True)
 
 
 # ------------------------------------------------------------------ maximum, minimum
-def _extreme(name: str, sp_a: SparseTensor, sp_b: SparseTensor, take_max: bool) -> SparseTensor:
-    if list(sp_a.dense_shape) != list(sp_b.dense_shape):
+def _check_extreme(name: str, sp_a: SparseTensor, sp_b: SparseTensor) -> Plan:
+    """One shape, one real dtype, one number of sparse dimensions (of the COO views)."""
+    if shape_of(sp_a) != shape_of(sp_b):
         raise InvalidArgumentError(
-            f"sp_a has shape {list(sp_a.dense_shape)} and sp_b has shape {list(sp_b.dense_shape)}; "
+            f"sp_a has shape {shape_of(sp_a)} and sp_b has shape {shape_of(sp_b)}; "
             f"{name} needs equal shapes (no broadcasting)", reason=Reason.SHAPE_MISMATCH)
     if sp_a.dtype != sp_b.dtype:
         raise InvalidArgumentError(f"sp_a is {sp_a.dtype.name} and sp_b is {sp_b.dtype.name}; {name} "
@@ -362,10 +394,23 @@ def _extreme(name: str, sp_a: SparseTensor, sp_b: SparseTensor, take_max: bool) 
     if sp_a.dtype == np.bool_ or sp_a.dtype.kind == "c":
         raise UnimplementedError(f"{name} needs real number values, not {sp_a.dtype.name}",
                                  reason=Reason.UNSUPPORTED_DTYPE)
+    s_a, s_b = view_sparse_ndim(sp_a), view_sparse_ndim(sp_b)
+    if s_a != s_b:
+        raise InvalidArgumentError(f"sp_a has {s_a} sparse dimensions and sp_b has {s_b}; they must be equal",
+                                   reason=Reason.SPARSE_DIM_MISMATCH)
+    return Plan(dtype=sp_a.dtype, layout="coo", shape=sp_a.dense_shape)
+
+
+def check_maximum(sp_a: SparseTensor, sp_b: SparseTensor) -> Plan:
+    return _check_extreme("maximum", sp_a, sp_b)
+
+
+def check_minimum(sp_a: SparseTensor, sp_b: SparseTensor) -> Plan:
+    return _check_extreme("minimum", sp_a, sp_b)
+
+
+def _extreme(sp_a: SparseTensor, sp_b: SparseTensor, take_max: bool) -> SparseTensor:
     a, b = as_coo(sp_a), as_coo(sp_b)
-    if a.sparse_ndim != b.sparse_ndim:
-        raise InvalidArgumentError(f"sp_a has {a.sparse_ndim} sparse dimensions and sp_b has "
-                                   f"{b.sparse_ndim}; they must be equal", reason=Reason.SPARSE_DIM_MISMATCH)
     indices, values = rk.elementwise_extreme(a.indices, a.values, b.indices, b.values, a.dense_shape,
                                              take_max)
     return SparseTensor(indices=indices, values=values, dense_shape=a.dense_shape, coalesced=True)
@@ -378,31 +423,33 @@ operands' entries, where an operand's unstored entry counts as 0: {name}([[0]]: 
 stores [[0]]: 0 and [[1]]: 1. Each operand is coalesced first (repeated indices summed).
 NaN propagates. Real dtypes only (bool and complex are UNIMPLEMENTED); inputs of any sparse
 layout are read as COO."""
+_EXTREME_ARGS = [Arg("sp_a", SPARSE, "First operand.", layouts=SPARSE_LAYOUTS),
+                 Arg("sp_b", SPARSE, "Second operand, same shape and dtype.", layouts=SPARSE_LAYOUTS)]
 
 
 @REGISTRY.op(
     "maximum",
     doc=_EXTREME_DOC.format(which="maximum", name="maximum"),
-    args=[Arg("sp_a", SPARSE, "First operand.", layouts=SPARSE_LAYOUTS),
-          Arg("sp_b", SPARSE, "Second operand, same shape and dtype.", layouts=SPARSE_LAYOUTS)],
+    args=_EXTREME_ARGS,
     outputs=[Output("output", "sparse", "Coalesced COO over the union of the entries.")],
+    check=check_maximum,
 )
 def maximum(sp_a: SparseTensor, sp_b: SparseTensor) -> SparseTensor:
-    return _extreme("maximum", sp_a, sp_b, take_max=True)
+    return _extreme(sp_a, sp_b, take_max=True)
 
 
 @REGISTRY.op(
     "minimum",
     doc=_EXTREME_DOC.format(which="minimum", name="minimum"),
-    args=[Arg("sp_a", SPARSE, "First operand.", layouts=SPARSE_LAYOUTS),
-          Arg("sp_b", SPARSE, "Second operand, same shape and dtype.", layouts=SPARSE_LAYOUTS)],
+    args=_EXTREME_ARGS,
     outputs=[Output("output", "sparse", "Coalesced COO over the union of the entries.")],
+    check=check_minimum,
 )
 def minimum(sp_a: SparseTensor, sp_b: SparseTensor) -> SparseTensor:
-    return _extreme("minimum", sp_a, sp_b, take_max=False)
+    return _extreme(sp_a, sp_b, take_max=False)
 
 
 # ----------------------------------------------------------- partitioned tensors
-REGISTRY.partitioned("reduce_sum", Reduction(axes=lambda bound, rank: _reduction_axes(bound["axis"], rank),
-                                             additive=True))
-REGISTRY.partitioned("reduce_max", Reduction(axes=lambda bound, rank: _reduction_axes(bound["axis"], rank)))
+# The plans read the reduced axes from the checked call's "axis" (sorted, non-negative).
+REGISTRY.partitioned("reduce_sum", Reduction(additive=True))
+REGISTRY.partitioned("reduce_max", Reduction())

@@ -3,30 +3,32 @@ and bincount (tf.sparse.bincount).
 
 The segment ops gather rows of a dense ``data`` by ``indices`` and reduce them per
 ``segment_ids``, which must be sorted, as TensorFlow's kernels require (with num_segments too).
-Every index and segment id is checked by the kernel's own pass before it reads or writes
-anything (``kernels/segment.py``); a bad one is INVALID_ARGUMENT naming the argument, the
-position and the rule. The output's rows come from num_segments, or from the last segment id,
-and are held to --max-result-bytes before anything is allocated.
+Each op's ``check`` makes the refusals that metadata decides (dtypes, ranks, lengths,
+num_segments, bincount's axis and weights) before any kernel. What the entries decide is the
+kernels': every index and segment id is checked by the kernel's own pass before it reads or
+writes anything (``kernels/segment.py``), and a bad one is INVALID_ARGUMENT naming the argument,
+the position and the rule (the GPU kernel falls back for it, so the CPU kernel names it); so are
+bincount's negative values. The output's rows come from num_segments, or from the last segment
+id, and are held to --max-result-bytes before anything is allocated.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.reasons import Reason
+from sparseserve.core.validate import INT64_MAX
 from sparseserve.kernels import segment as sk
 
 from ..argtypes import BOOL, DENSE, INT, OPTIONAL_INT, TENSOR
 from ..device import Fallback
-from ..registry import REGISTRY, Arg, Output
+from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
-from ._layouts import SPARSE_LAYOUTS, as_coo
+from ._sputils import prod, shape_of
+from ._layouts import SPARSE_LAYOUTS, as_coo, view_nnz
 
-INT64_MAX = int(np.iinfo(np.int64).max)
 INDEX_DTYPES = ("int32", "int64")
 SUM_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
               "float16", "float32", "float64")
@@ -35,21 +37,21 @@ MODES = {"segment_sum": sk.SUM, "segment_mean": sk.MEAN, "segment_sqrt_n": sk.SQ
 
 
 # ------------------------------------------------------------------ segment reductions: checks
-def _index_vector(a, name: str):
-    """``a`` as the int32/int64 vector TensorFlow takes (an empty JSON list, which decodes as
-    float64, counts as int64); metadata only, so the GPU's ``supports`` can run it."""
+def _check_index_vector(a, name: str) -> None:
+    """``a`` is the int32/int64 vector TensorFlow takes (an empty JSON list, which decodes as
+    float64, counts as int64)."""
     if a.ndim != 1:
-        raise InvalidArgumentError(f"{name} must be a vector (rank 1), got shape {list(a.shape)}",
+        raise InvalidArgumentError(f"{name} must be a vector (rank 1), got shape {shape_of(a)}",
                                    reason=Reason.RANK)
     dtype = np.dtype(a.dtype)
     if dtype.name not in INDEX_DTYPES and not (a.shape[0] == 0 and dtype.kind in "fiub"):
         raise InvalidArgumentError(f"{name} has dtype {dtype.name}; it must be int32 or int64",
                                    reason=Reason.BAD_DTYPE)
-    return dtype.name if dtype.name in INDEX_DTYPES else "int64"
 
 
-def _check_segment_args(op: str, data, indices, segment_ids, num_segments) -> np.dtype:
-    """Every check that reads only metadata; returns the index dtype the kernels take."""
+def _check_segment(op: str, data, indices, segment_ids, num_segments) -> Plan:
+    """Every rule that reads only metadata. The result has data's dtype (native byte order) and
+    trailing dimensions; its rows are num_segments, or the last segment id's (the entries')."""
     dtypes = FLOAT_DTYPES if op != "segment_sum" else SUM_DTYPES
     if np.dtype(data.dtype).name not in dtypes:
         kinds = "float16, float32 or float64" if op != "segment_sum" else "integer or floating"
@@ -58,8 +60,8 @@ def _check_segment_args(op: str, data, indices, segment_ids, num_segments) -> np
     if data.ndim < 1:
         raise InvalidArgumentError("data must have rank >= 1 (rows to gather), got a scalar",
                                    reason=Reason.RANK_TOO_LOW)
-    _index_vector(indices, "indices")
-    _index_vector(segment_ids, "segment_ids")
+    _check_index_vector(indices, "indices")
+    _check_index_vector(segment_ids, "segment_ids")
     if indices.shape[0] != segment_ids.shape[0]:
         raise InvalidArgumentError(
             f"indices has {indices.shape[0]} elements and segment_ids has {segment_ids.shape[0]}; "
@@ -67,7 +69,20 @@ def _check_segment_args(op: str, data, indices, segment_ids, num_segments) -> np
     if num_segments is not None and not 0 <= num_segments <= INT64_MAX:
         raise InvalidArgumentError(f"num_segments = {num_segments} must be >= 0 (and fit int64)",
                                    reason=Reason.VALUE_OUT_OF_RANGE)
-    return np.dtype(np.int64)  # what the kernels take (int32 is widened)
+    shape = None if num_segments is None else (num_segments, *data.shape[1:])
+    return Plan(dtype=np.dtype(data.dtype).newbyteorder("="), layout="dense", shape=shape)
+
+
+def check_segment_sum(data, indices, segment_ids, num_segments=None) -> Plan:
+    return _check_segment("segment_sum", data, indices, segment_ids, num_segments)
+
+
+def check_segment_mean(data, indices, segment_ids, num_segments=None) -> Plan:
+    return _check_segment("segment_mean", data, indices, segment_ids, num_segments)
+
+
+def check_segment_sqrt_n(data, indices, segment_ids, num_segments=None) -> Plan:
+    return _check_segment("segment_sqrt_n", data, indices, segment_ids, num_segments)
 
 
 def _n_out(segment_ids, num_segments) -> int:
@@ -78,10 +93,7 @@ def _n_out(segment_ids, num_segments) -> int:
 
 
 def _segment_bytes(data, indices, segment_ids, num_segments=None, **_) -> int:
-    if data.ndim < 1 or segment_ids.ndim != 1 or np.dtype(segment_ids.dtype).kind not in "iu":
-        return 0  # the op refuses the call
-    width = math.prod(int(d) for d in data.shape[1:])
-    return _n_out(segment_ids, num_segments) * width * np.dtype(data.dtype).itemsize
+    return _n_out(segment_ids, num_segments) * prod(data.shape[1:]) * np.dtype(data.dtype).itemsize
 
 
 def _segment_error(code: int, indices, segment_ids, n_data: int, num_segments) -> InvalidArgumentError:
@@ -108,18 +120,17 @@ def _segment_error(code: int, indices, segment_ids, n_data: int, num_segments) -
 
 def _segment(op: str, data: np.ndarray, indices: np.ndarray, segment_ids: np.ndarray,
              num_segments: int | None) -> np.ndarray:
-    index_dtype = _check_segment_args(op, data, indices, segment_ids, num_segments)
-    indices = np.asarray(indices).astype(index_dtype, copy=False)
-    segment_ids = np.asarray(segment_ids).astype(index_dtype, copy=False)
+    indices = np.asarray(indices).astype(np.int64, copy=False)  # int32 is widened
+    segment_ids = np.asarray(segment_ids).astype(np.int64, copy=False)
     n_out = _n_out(segment_ids, num_segments)
     n_data = data.shape[0]
-    width = math.prod(int(d) for d in data.shape[1:])
+    width = prod(data.shape[1:])
     dtype = data.dtype.newbyteorder("=")
     data2d = np.ascontiguousarray(data, dtype=dtype).reshape(n_data, width)
     if data.dtype == np.float16:  # reduced in float32, as TensorFlow's kernel does
         data2d = data2d.astype(np.float32)
     out, error = sk.segment_reduce(data2d, indices, segment_ids, n_out, MODES[op])
-    if error >= 0:
+    if error >= 0:  # an index or segment id the entries got wrong: the kernel's pass found it
         raise _segment_error(error, indices, segment_ids, n_data, num_segments)
     return out.astype(dtype, copy=False).reshape(n_out, *data.shape[1:])
 
@@ -151,6 +162,7 @@ one length. {dtypes}"""
                                    "as in TensorFlow); integers wrap, float16 is summed in float32."),
     args=_SEGMENT_ARGS,
     outputs=[Output("output", "dense", "[num_segments, *data.shape[1:]], data's dtype.")],
+    check=check_segment_sum,
     result_bytes=_segment_bytes,
 )
 def segment_sum(data, indices, segment_ids, num_segments=None):
@@ -164,6 +176,7 @@ def segment_sum(data, indices, segment_ids, num_segments=None):
                                    "in TensorFlow); float16 is computed in float32."),
     args=_SEGMENT_ARGS,
     outputs=[Output("output", "dense", "[num_segments, *data.shape[1:]], data's dtype.")],
+    check=check_segment_mean,
     result_bytes=_segment_bytes,
 )
 def segment_mean(data, indices, segment_ids, num_segments=None):
@@ -178,6 +191,7 @@ def segment_mean(data, indices, segment_ids, num_segments=None):
                                    "in TensorFlow); float16 is computed in float32."),
     args=_SEGMENT_ARGS,
     outputs=[Output("output", "dense", "[num_segments, *data.shape[1:]], data's dtype.")],
+    check=check_segment_sqrt_n,
     result_bytes=_segment_bytes,
 )
 def segment_sqrt_n(data, indices, segment_ids, num_segments=None):
@@ -187,16 +201,10 @@ def segment_sqrt_n(data, indices, segment_ids, num_segments=None):
 # ------------------------------------------------------------------ segment reductions on the GPU
 # A gather of the rows, runs of equal (sorted) segment ids summed by ``arrays.segment_sum`` (a
 # scatter-add: cupyx.scatter_add on CuPy, numpy.add.at on the stand-in), scaled by
-# 1 / count or 1 / sqrt(count) in the work dtype, and placed into zeroed output rows. The
-# indices and ids are checked on the device (one scalar to the host); a bad one falls back, and
+# 1 / count or 1 / sqrt(count) in the work dtype, and placed into zeroed output rows. Every
+# checked call runs here (every data dtype the ops take); the indices and ids are checked on the
+# device (one scalar to the host), and a bad one falls back ("argument": the entries' fault), so
 # the CPU kernel names it.
-def _segment_on_gpu(op: str, data, indices, segment_ids, num_segments=None) -> str | None:
-    if _gpu.refused(_check_segment_args, op, data, indices, segment_ids, num_segments):
-        allowed = SUM_DTYPES if op == "segment_sum" else FLOAT_DTYPES
-        return "argument" if np.dtype(data.dtype).name in allowed else "dtype"
-    return None if _gpu.native(data, indices, segment_ids) else "dtype"
-
-
 def _segment_gpu(be, op: str, data, indices, segment_ids, num_segments):
     from sparseserve.kernels import arrays as ka
 
@@ -212,7 +220,7 @@ def _segment_gpu(be, op: str, data, indices, segment_ids, num_segments):
             bad[1:] |= ids[1:] < ids[:-1]
         if bool(xp.any(bad)):
             raise Fallback("argument")  # the CPU kernel names the first bad entry
-    width = math.prod(int(d) for d in data.shape[1:])
+    width = prod(data.shape[1:])
     work = np.float32 if data.dtype == np.float16 else data.dtype
     out = xp.zeros((n_out, width), dtype=work)
     if k and width:
@@ -228,19 +236,19 @@ def _segment_gpu(be, op: str, data, indices, segment_ids, num_segments):
     return out.astype(data.dtype).reshape((n_out, *data.shape[1:]))
 
 
-@REGISTRY.gpu("segment_sum", supports=lambda **bound: _segment_on_gpu("segment_sum", **bound))
+@REGISTRY.gpu("segment_sum")
 @_gpu.quiet
 def segment_sum_gpu(be, data, indices, segment_ids, num_segments=None):
     return _segment_gpu(be, "segment_sum", data, indices, segment_ids, num_segments)
 
 
-@REGISTRY.gpu("segment_mean", supports=lambda **bound: _segment_on_gpu("segment_mean", **bound))
+@REGISTRY.gpu("segment_mean")
 @_gpu.quiet
 def segment_mean_gpu(be, data, indices, segment_ids, num_segments=None):
     return _segment_gpu(be, "segment_mean", data, indices, segment_ids, num_segments)
 
 
-@REGISTRY.gpu("segment_sqrt_n", supports=lambda **bound: _segment_on_gpu("segment_sqrt_n", **bound))
+@REGISTRY.gpu("segment_sqrt_n")
 @_gpu.quiet
 def segment_sqrt_n_gpu(be, data, indices, segment_ids, num_segments=None):
     return _segment_gpu(be, "segment_sqrt_n", data, indices, segment_ids, num_segments)
@@ -250,12 +258,77 @@ def segment_sqrt_n_gpu(be, data, indices, segment_ids, num_segments=None):
 BINCOUNT_LAYOUTS = ("dense", *SPARSE_LAYOUTS)
 
 
-def _bincount_plan(values, weights, axis: int, binary_output: bool):
-    """(flat int values as given, flat weights or None, batch ids or None, row length, number of
-    batches, output rank, position namer) after every check that reads no values."""
+def _per_row(values, axis: int) -> bool:
+    """Whether values are counted per row: axis -1 on values of rank >= 2 (values of rank 1
+    count as with axis 0)."""
+    return axis == -1 and len(shape_of(values)) >= 2
+
+
+def _length(n: int | None) -> int:
+    """minlength/maxlength as the kernels take them: -1 when not given (negative counts so)."""
+    return -1 if n is None or n < 0 else int(n)
+
+
+def _rows(values) -> int:
+    """The output's rows when counting per row: values' leading dimension."""
+    return shape_of(values)[0]
+
+
+def _weights_mismatch() -> InvalidArgumentError:
+    return InvalidArgumentError("weights must have the same dense_shape and indices as values "
+                                "(entry by entry, in the same order)", reason=Reason.SHAPE_MISMATCH)
+
+
+def _too_many_bins(n_batch: int, size: int) -> InvalidArgumentError | None:
+    """The error when an output of ``n_batch`` rows of ``size`` bins has more elements than
+    int64 holds (None when it fits)."""
+    if size and n_batch > INT64_MAX // size:
+        return InvalidArgumentError(f"the output shape [{n_batch}, {size}] has more elements than int64 holds",
+                                    reason=Reason.SHAPE_OVERFLOW)
+    return None
+
+
+def _check_sparse_values(values: SparseTensor, weights) -> None:
+    if values.dense_ndim:
+        raise UnimplementedError("bincount does not take hybrid sparse values (dense dimensions in "
+                                 "the values)", reason=Reason.UNSUPPORTED_HYBRID)
+    if weights is None:
+        return
+    if not isinstance(weights, SparseTensor):
+        raise InvalidArgumentError("values is sparse, so weights must be a sparse tensor with "
+                                   "values' indices and shape", reason=Reason.SHAPE_MISMATCH)
+    # The indices themselves are compared by the kernel (their values decide it).
+    if shape_of(weights) != shape_of(values) or weights.dense_ndim or view_nnz(weights) != view_nnz(values):
+        raise _weights_mismatch()
+
+
+def _check_dense_values(values: np.ndarray, weights, axis: int) -> None:
+    if isinstance(weights, SparseTensor):
+        raise InvalidArgumentError("weights is sparse but values is dense; weights must be dense with "
+                                   "values' shape", reason=Reason.SHAPE_MISMATCH)
+    shape = shape_of(values)
+    if axis == 0 or values.ndim == 1:
+        if weights is not None and weights.size != values.size:
+            raise InvalidArgumentError(f"weights has shape {shape_of(weights)} ({weights.size} elements) "
+                                       f"and values has shape {shape} ({values.size}); they must "
+                                       "have the same size", reason=Reason.SHAPE_MISMATCH)
+        return
+    if values.ndim != 2:
+        raise InvalidArgumentError(f"with axis=-1 dense values must have rank 1 or 2, got shape {shape}",
+                                   reason=Reason.RANK)
+    if weights is not None and shape_of(weights) != shape:
+        raise InvalidArgumentError(f"weights has shape {shape_of(weights)} and values has shape "
+                                   f"{shape}; with axis=-1 they must be equal", reason=Reason.SHAPE_MISMATCH)
+
+
+def check_bincount(values, weights=None, axis: int = 0, minlength=None, maxlength=None,
+                   binary_output: bool = False) -> Plan:
+    """Every rule metadata decides; the bins (and the shape) are known here only with maxlength,
+    else the largest value decides them (the kernel's to check)."""
     if axis not in (0, -1):
-        raise InvalidArgumentError(f"axis = {axis} is not supported; bincount counts over every value "
-                                   "(axis 0) or per row (axis -1)", reason=Reason.AXIS_OUT_OF_RANGE)
+        raise InvalidArgumentError(
+            f"axis = {axis} is not supported for values of rank {len(shape_of(values))}; bincount takes "
+            "axis 0 (count every value) or -1 (count per row)", reason=Reason.AXIS_OUT_OF_RANGE)
     if weights is not None and binary_output:
         raise InvalidArgumentError("weights and binary_output=true are mutually exclusive; pass one",
                                    reason=Reason.EXCLUSIVE_ARGUMENTS)
@@ -267,59 +340,55 @@ def _bincount_plan(values, weights, axis: int, binary_output: bool):
                                  f"{np.dtype(weights.dtype).name}, as TensorFlow's does",
                                  reason=Reason.UNSUPPORTED_DTYPE)
     if isinstance(values, SparseTensor):
-        return _sparse_plan(values, weights, axis)
-    if isinstance(weights, SparseTensor):
-        raise InvalidArgumentError("weights is sparse but values is dense; weights must be dense with "
-                                   "values' shape", reason=Reason.SHAPE_MISMATCH)
-    shape = tuple(values.shape)
-    if axis == 0 or values.ndim == 1:
-        flat = values.reshape(-1)
-        if weights is not None and weights.size != flat.size:
-            raise InvalidArgumentError(f"weights has shape {list(weights.shape)} ({weights.size} elements) "
-                                       f"and values has shape {list(shape)} ({flat.size}); they must "
-                                       "have the same size", reason=Reason.SHAPE_MISMATCH)
-        namer = (lambda i: _position("values", i, shape)) if shape else (lambda i: "values")
-        return flat, None if weights is None else weights.reshape(-1), None, 0, 1, 1, namer
-    if values.ndim != 2:
-        raise InvalidArgumentError(f"with axis=-1 dense values must have rank 1 or 2, got shape {list(shape)}",
-                                   reason=Reason.RANK)
-    if weights is not None and tuple(weights.shape) != shape:
-        raise InvalidArgumentError(f"weights has shape {list(weights.shape)} and values has shape "
-                                   f"{list(shape)}; with axis=-1 they must be equal", reason=Reason.SHAPE_MISMATCH)
-    namer = lambda i: _position("values", i, shape)  # noqa: E731
-    return (values.reshape(-1), None if weights is None else weights.reshape(-1), None, shape[1], shape[0], 2,
-            namer)
+        _check_sparse_values(values, weights)
+    else:
+        _check_dense_values(values, weights, axis)
+    # At least this many bins, whatever the values: maxlength exactly, else minlength.
+    fixed = _length(maxlength)
+    bins = fixed if fixed >= 0 else max(_length(minlength), 0)
+    if bins > INT64_MAX:
+        raise InvalidArgumentError(f"{bins} bins (minlength or maxlength) do not fit int64",
+                                   reason=Reason.SHAPE_OVERFLOW)
+    per_row = _per_row(values, axis)
+    overflow = _too_many_bins(_rows(values), bins) if per_row else None
+    if overflow is not None:
+        raise overflow
+    dtype = np.dtype((values if weights is None else weights).dtype).newbyteorder("=")
+    shape = None if fixed < 0 else ((_rows(values), fixed) if per_row else (fixed,))
+    return Plan(dtype=dtype, layout="coo", shape=shape)
 
 
 def _position(name: str, flat: int, shape) -> str:
     return f"{name}[{', '.join(str(int(i)) for i in np.unravel_index(flat, shape))}]"
 
 
-def _sparse_plan(values: SparseTensor, weights, axis: int):
-    t = as_coo(values)
-    if t.dense_ndim:
-        raise UnimplementedError("bincount does not take hybrid sparse values (dense dimensions in "
-                                 "the values)", reason=Reason.UNSUPPORTED_HYBRID)
-    w = None
-    if weights is not None:
-        if not isinstance(weights, SparseTensor):
-            raise InvalidArgumentError("values is sparse, so weights must be a sparse tensor with "
-                                       "values' indices and shape", reason=Reason.SHAPE_MISMATCH)
-        w = as_coo(weights)
-        if (tuple(w.dense_shape) != tuple(t.dense_shape) or w.dense_ndim
-                or not np.array_equal(w.indices, t.indices)):
-            raise InvalidArgumentError("weights must have the same dense_shape and indices as values "
-                                       "(entry by entry, in the same order)", reason=Reason.SHAPE_MISMATCH)
-        w = w.values
-    namer = lambda i: f"values.values[{i}]"  # noqa: E731
-    if axis == 0 or t.ndim == 1:
-        return t.values, w, None, 0, 1, 1, namer
-    return t.values, w, t.indices[:, 0], 0, int(t.dense_shape[0]), 2, namer
+def _counted(values, weights, axis: int):
+    """(flat int values as given, flat weights or None, batch ids or None, row length, number of
+    batches, position namer) of a checked call."""
+    per_row = _per_row(values, axis)
+    if isinstance(values, SparseTensor):
+        t = as_coo(values)
+        w = None
+        if weights is not None:
+            w = as_coo(weights)
+            if not np.array_equal(w.indices, t.indices):  # the indices' values decide it
+                raise _weights_mismatch()
+            w = w.values
+        namer = lambda i: f"values.values[{i}]"  # noqa: E731
+        if not per_row:
+            return t.values, w, None, 0, 1, namer
+        return t.values, w, t.indices[:, 0], 0, _rows(values), namer
+    shape = tuple(values.shape)
+    flat_w = None if weights is None else weights.reshape(-1)
+    namer = (lambda i: _position("values", i, shape)) if shape else (lambda i: "values")
+    if not per_row:
+        return values.reshape(-1), flat_w, None, 0, 1, namer
+    return values.reshape(-1), flat_w, None, shape[1], shape[0], namer
 
 
 def _bincount_bytes(values, weights=None, axis=0, binary_output=False, **_) -> int:
     n = values.nnz if isinstance(values, SparseTensor) else values.size
-    rank = 2 if axis == -1 and values.ndim >= 2 else 1
+    rank = 2 if _per_row(values, axis) else 1
     return int(n) * (8 * rank + 8)  # at most one output entry per value
 
 
@@ -345,12 +414,12 @@ not stored.""",
           Arg("maxlength", OPTIONAL_INT, "Exactly this many bins; larger values are dropped.", default=None),
           Arg("binary_output", BOOL, "1 for each reached bin instead of counts.", default=False)],
     outputs=[Output("output", "sparse", "Coalesced COO: [bins] or [rows, bins].")],
+    check=check_bincount,
     result_bytes=_bincount_bytes,
 )
 def bincount(values, weights=None, axis: int = 0, minlength=None, maxlength=None, binary_output: bool = False):
-    flat, w, batch, row_len, n_batch, rank, namer = _bincount_plan(values, weights, axis, binary_output)
-    maxlength = -1 if maxlength is None or maxlength < 0 else int(maxlength)
-    minlength = -1 if minlength is None or minlength < 0 else int(minlength)
+    flat, w, batch, row_len, n_batch, namer = _counted(values, weights, axis)
+    maxlength, minlength = _length(maxlength), _length(minlength)
     flat64 = np.ascontiguousarray(flat, dtype=np.int64)
     bad, top, kept = sk.bincount_scan_values(flat64, maxlength)
     if bad >= 0:
@@ -358,23 +427,21 @@ def bincount(values, weights=None, axis: int = 0, minlength=None, maxlength=None
                                    "values >= 0", reason=Reason.VALUE_OUT_OF_RANGE)
     if maxlength >= 0:
         size = maxlength
-    else:
+    else:  # the largest value decides the bins
         if top == INT64_MAX:
             raise InvalidArgumentError(f"values holds {top}, so the bins (largest value + 1) would not fit "
                                        "int64; pass maxlength", reason=Reason.SHAPE_OVERFLOW)
         size = max(top + 1, minlength)
-    if size > INT64_MAX:
-        raise InvalidArgumentError(f"{size} bins (minlength or maxlength) do not fit int64",
-                                   reason=Reason.SHAPE_OVERFLOW)
-    if rank == 2 and size and n_batch > INT64_MAX // size:
-        raise InvalidArgumentError(f"the output shape [{n_batch}, {size}] has more elements than int64 holds",
-                                   reason=Reason.SHAPE_OVERFLOW)
+    per_row = _per_row(values, axis)
+    overflow = _too_many_bins(n_batch, size) if per_row else None
+    if overflow is not None:
+        raise overflow
     if w is not None:
         w = np.ascontiguousarray(w, dtype=w.dtype.newbyteorder("="))
     keys, sums = sk.bincount(flat64, None if batch is None else np.ascontiguousarray(batch, dtype=np.int64),
                              row_len, size, n_batch, maxlength, w, binary_output, kept)
     out_dtype = w.dtype if w is not None else np.dtype(values.dtype).newbyteorder("=")
-    if rank == 1:
+    if not per_row:
         indices, shape = keys[:, None], [size]
     elif keys.size:
         indices, shape = np.stack([keys // size, keys % size], axis=1), [n_batch, size]

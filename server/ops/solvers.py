@@ -9,9 +9,12 @@ rewritten over fused kernels (``kernels/solvers.py``: per SpMV about one pass ov
 vectors); ``gmres`` and ``minres`` are scipy's own drivers run over our parallel SpMV and
 preconditioners (scipy is then needed on the server, imported when they are called).
 
-The matrix's CSR arrays, its diagonal's inverse and its ILU(0) factor are kept with a held
-(read-only) tensor while it lives, as ``gather.py`` keeps its run pointers: a handle solved
-again skips them. A tensor sent inline has them computed per call.
+The four ops share one check (``check_system``: tolerances, maxiter, a square 2-D matrix, b's
+and x0's shapes and dtypes, from metadata, on every path); the kernels refuse only what the
+values decide (a non-finite b or x0, a zero pivot of a preconditioner). The matrix's CSR
+arrays, its diagonal's inverse and its ILU(0) factor are kept with a held (read-only) tensor
+while it lives, as ``gather.py`` keeps its run pointers: a handle solved again skips them. A
+tensor sent inline has them computed per call.
 """
 
 from __future__ import annotations
@@ -29,17 +32,20 @@ from sparseserve.core.reasons import Reason
 from sparseserve.kernels import solvers as sk
 from sparseserve.kernels._sort import frozen
 
-from ..argtypes import FLOAT, INT, OPTIONAL_INT, STRING, TENSOR
+from ..argtypes import FLOAT, INT, OPTIONAL_INT, TENSOR, choice
 from ..limits import between_iterations
 from ..metrics import SOLVER_ITERATIONS
 from ..partition import Krylov
-from ..registry import REGISTRY, Arg, Output
-from .linalg import _csr_of_op, _rep
+from ..registry import REGISTRY, Arg, Output, Plan
+from ._layouts import SPARSE_LAYOUTS
+from ._sputils import shape_of
+from .linalg import csr_arrays, matrix_dims, matrix_rep
 
-__all__ = ["Operator", "operator_of", "inverse_diagonal"]
+__all__ = ["Operator", "operator_of", "inverse_diagonal", "solver_dtype", "check_system", "check_cg",
+           "check_bicgstab", "check_gmres", "check_minres"]
 
-SPARSE = ("coo", "csr", "csc", "bsr", "bsc")
 PRECONDITIONERS = ("none", "jacobi", "ilu0")
+PRECONDITIONER = choice(*PRECONDITIONERS, reason=Reason.BAD_PRECONDITIONER)
 
 
 # ------------------------------------------------------------------ the matrix, kept with its handle
@@ -135,40 +141,27 @@ _KEPT: "weakref.WeakKeyDictionary[SparseTensor, dict[str, Operator]]" = weakref.
 _KEPT_LOCK = threading.Lock()
 
 
-def _compute_dtype(a: SparseTensor, b_dtype: np.dtype | None = None) -> np.dtype:
-    """float32 where the matrix (and b) are float32, else float64 (scipy's make_system: other
-    real dtypes are solved in float64); complex and bool are refused."""
-    for name, dtype in (("a", a.dtype), ("b", b_dtype)):
-        if dtype is not None and dtype.kind not in "iuf":
-            raise InvalidArgumentError(f"{name} has dtype {dtype}; the solvers take real numbers (floats or "
-                                       "integers, solved in float64; float32 stays float32)",
-                                       reason=Reason.UNSUPPORTED_DTYPE)
-    if a.dtype == np.float32 and (b_dtype is None or b_dtype == np.float32):
+def solver_dtype(a_dtype: Any, b_dtype: Any = None) -> np.dtype:
+    """The dtype a solve runs in: float32 where the matrix (and b) are float32, else float64
+    (scipy's make_system: other real dtypes are solved in float64). Real dtypes only: the
+    check refuses complex and bool first (``check_system``)."""
+    if np.dtype(a_dtype) == np.float32 and (b_dtype is None or np.dtype(b_dtype) == np.float32):
         return np.dtype(np.float32)
     return np.dtype(np.float64)
 
 
-def operator_of(a: Any, op: str = "solve", dtype: np.dtype | None = None) -> Operator:
-    """``a`` (a square 2-D sparse matrix, any layout) as an ``Operator`` in ``dtype`` (default:
-    its compute dtype), kept with ``a`` while it lives when ``a`` is read-only (a handle)."""
-    if not isinstance(a, SparseTensor):
-        raise InvalidArgumentError(f"a must be a sparse matrix (a handle or a sparse tensor) for {op}, not a "
-                                   "dense array", reason=Reason.UNSUPPORTED_LAYOUT)
-    dtype = np.dtype(dtype) if dtype is not None else _compute_dtype(a)
+def operator_of(a: SparseTensor, dtype: Any = None) -> Operator:
+    """``a`` (a checked square 2-D sparse matrix, any layout) as an ``Operator`` in ``dtype``
+    (default: ``solver_dtype`` of a's), kept with ``a`` while it lives when ``a`` is read-only
+    (a handle)."""
+    dtype = np.dtype(dtype) if dtype is not None else solver_dtype(a.dtype)
     held = not any(arr.flags.writeable for arr in a.arrays())
     if held:
         with _KEPT_LOCK:
             kept = _KEPT.get(a, {}).get(dtype.name)
         if kept is not None:
             return kept
-    rep = _rep(a, "a", op)
-    if rep.batch:
-        raise InvalidArgumentError(f"a has shape {list(a.dense_shape)}; {op} needs one 2-D matrix (no batch "
-                                   "dimensions)", reason=Reason.RANK)
-    if rep.m != rep.n:
-        raise InvalidArgumentError(f"a has shape [{rep.m}, {rep.n}]; {op} needs a square matrix",
-                                   reason=Reason.NOT_SQUARE)
-    ptr, idx, vals = _csr_of_op(rep, False)
+    ptr, idx, vals = csr_arrays(matrix_rep(a))
     operator = Operator(sk.Csr(ptr, idx, np.ascontiguousarray(vals, dtype)))
     if held:
         with _KEPT_LOCK:
@@ -176,41 +169,71 @@ def operator_of(a: Any, op: str = "solve", dtype: np.dtype | None = None) -> Ope
     return operator
 
 
-# ------------------------------------------------------------------ checks shared by the four ops
-def _checked(op: str, a, b, x0, rtol: float, atol: float, maxiter, preconditioner: str):
-    if preconditioner not in PRECONDITIONERS:
-        raise InvalidArgumentError(f"preconditioner must be one of {', '.join(PRECONDITIONERS)}, not "
-                                   f"{preconditioner!r}", reason=Reason.BAD_PRECONDITIONER)
+# ------------------------------------------------------------------ the check the four ops share
+def check_system(op: str, a, b, x0, rtol: float, atol: float, maxiter) -> Plan:
+    """Every refusal of a solve that metadata decides: tolerances and maxiter, a square 2-D
+    sparse matrix, b [n] or [n, k] and x0 of b's shape, real dtypes (``preconditioner`` is a
+    choice, refused as the call binds). The plan's ``dtype`` is the solve's (``solver_dtype``),
+    handed to the kernels as ``dtype``."""
+    _check_limits(rtol, atol, maxiter)
+    if not isinstance(b, np.ndarray):
+        raise InvalidArgumentError(f"b must be a dense vector [n] or a block [n, k] for {op}, not a sparse tensor",
+                                   reason=Reason.UNSUPPORTED_LAYOUT)
+    if not isinstance(a, SparseTensor):
+        raise InvalidArgumentError(f"a must be a sparse matrix (a handle or a sparse tensor) for {op}, not a "
+                                   "dense array", reason=Reason.UNSUPPORTED_LAYOUT)
+    for name, dtype in (("a", a.dtype), ("b", b.dtype)):
+        if dtype.kind not in "iuf":
+            raise InvalidArgumentError(f"{name} has dtype {dtype}; the solvers take real numbers (floats or "
+                                       "integers, solved in float64; float32 stays float32)",
+                                       reason=Reason.UNSUPPORTED_DTYPE)
+    _check_vectors(_order(op, a), b, x0)
+    dtype = solver_dtype(a.dtype, b.dtype)
+    return Plan(args={"dtype": dtype}, dtype=dtype, layout="dense", shape=b.shape)
+
+
+def _check_limits(rtol: float, atol: float, maxiter: int | None) -> None:
     for name, value in (("rtol", rtol), ("atol", atol)):
         if not (math.isfinite(value) and value >= 0):
             raise InvalidArgumentError(f"{name} must be a finite number >= 0, not {value}", reason=Reason.BAD_TOLERANCE)
     if maxiter is not None and maxiter < 1:
         raise InvalidArgumentError(f"maxiter must be at least 1 (or null for 10 n), not {maxiter}",
                                    reason=Reason.BAD_MAXITER)
-    if not isinstance(b, np.ndarray):
-        raise InvalidArgumentError(f"b must be a dense vector [n] or a block [n, k] for {op}, not a sparse tensor",
-                                   reason=Reason.UNSUPPORTED_LAYOUT)
-    operator = operator_of(a, op, _compute_dtype(a, b.dtype) if isinstance(a, SparseTensor) else None)
-    n = operator.n
+
+
+def _order(op: str, a: SparseTensor) -> int:
+    """n of a square 2-D matrix ``a`` [n, n] (no batch or dense dimensions)."""
+    batch, m, n = matrix_dims(a, "a", op)
+    if batch:
+        raise InvalidArgumentError(f"a has shape {shape_of(a)}; {op} needs one 2-D matrix (no batch "
+                                   "dimensions)", reason=Reason.RANK)
+    if m != n:
+        raise InvalidArgumentError(f"a has shape [{m}, {n}]; {op} needs a square matrix", reason=Reason.NOT_SQUARE)
+    return n
+
+
+def _check_vectors(n: int, b: np.ndarray, x0) -> None:
     if b.ndim not in (1, 2) or b.shape[0] != n:
-        raise InvalidArgumentError(f"a has shape [{n}, {n}] and b has shape {list(b.shape)}; b must be [{n}] or "
+        raise InvalidArgumentError(f"a has shape [{n}, {n}] and b has shape {shape_of(b)}; b must be [{n}] or "
                                    f"[{n}, k]", reason=Reason.SHAPE_MISMATCH)
-    if x0 is not None:
-        if not isinstance(x0, np.ndarray) or x0.shape != b.shape:
-            shape = list(x0.shape) if isinstance(x0, np.ndarray) else list(x0.dense_shape)
-            raise InvalidArgumentError(f"x0 has shape {shape}; it must be dense with b's shape {list(b.shape)}",
-                                       reason=Reason.SHAPE_MISMATCH)
+    if x0 is None:
+        return
+    if not isinstance(x0, np.ndarray) or x0.shape != b.shape:
+        raise InvalidArgumentError(f"x0 has shape {shape_of(x0)}; it must be dense with b's shape {shape_of(b)}",
+                                   reason=Reason.SHAPE_MISMATCH)
+    if x0.dtype.kind not in "iuf":
+        raise InvalidArgumentError(f"x0 has dtype {x0.dtype}; the solvers take real numbers",
+                                   reason=Reason.UNSUPPORTED_DTYPE)
+
+
+def _check_finite(op: str, b: np.ndarray, x0: np.ndarray | None) -> None:
+    """b and x0 hold finite numbers: their entries decide it, so each kernel asks (local and
+    partitioned alike) before it builds anything."""
     for name, vector in (("b", b), ("x0", x0)):
-        if vector is None:
-            continue
-        if vector.dtype.kind not in "iuf":
-            raise InvalidArgumentError(f"{name} has dtype {vector.dtype}; the solvers take real numbers",
-                                       reason=Reason.UNSUPPORTED_DTYPE)
-        if vector.dtype.kind == "f" and not np.isfinite(vector).all():
+        if vector is not None and vector.dtype.kind == "f" and not np.isfinite(vector).all():
             where = np.argwhere(~np.isfinite(vector))[0].tolist()
             raise InvalidArgumentError(f"{name} has a non-finite value at {where}; {op} needs finite numbers",
                                        reason=Reason.NOT_FINITE)
-    return operator
 
 
 def _solve_columns(op: str, operator: Operator, b: np.ndarray, x0, solve_one) -> tuple[Any, ...]:
@@ -387,13 +410,13 @@ checked after every iteration (DEADLINE_EXCEEDED, the solve abandoned)."""
 
 
 def _args(with_atol_doc: str, extra: tuple[Arg, ...] = ()) -> list[Arg]:
-    return [Arg("a", TENSOR, "The square sparse matrix A.", layouts=SPARSE),
+    return [Arg("a", TENSOR, "The square sparse matrix A.", layouts=SPARSE_LAYOUTS),
             Arg("b", TENSOR, "Right-hand side [n], or a block of them [n, k].", layouts=("dense",)),
             Arg("x0", TENSOR, "Starting guess, b's shape (zeros when null).", default=None, layouts=("dense",)),
             Arg("rtol", FLOAT, "Relative tolerance.", default=1e-5),
             Arg("atol", FLOAT, with_atol_doc, default=0.0),
             Arg("maxiter", OPTIONAL_INT, "Iteration limit (null: 10 n, as scipy).", default=None),
-            Arg("preconditioner", STRING, "'none', 'jacobi' or 'ilu0'.", default="none"),
+            Arg("preconditioner", PRECONDITIONER, "'none', 'jacobi' or 'ilu0'.", default="none"),
             *extra]
 
 
@@ -404,6 +427,17 @@ _OUTPUTS = [Output("x", "dense", "The solution, b's shape."),
 _ATOL = "Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b))."
 
 
+def _operator(op: str, a: SparseTensor, b: np.ndarray, x0: np.ndarray | None, dtype: np.dtype) -> Operator:
+    """A single node's operator for a checked call, once b and x0 are found finite."""
+    _check_finite(op, b, x0)
+    return operator_of(a, dtype)
+
+
+def check_cg(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+             preconditioner: str = "none") -> Plan:
+    return check_system("cg", a, b, x0, rtol, atol, maxiter)
+
+
 @REGISTRY.op(
     "cg",
     doc=f"""Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
@@ -412,11 +446,17 @@ scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is 
 Each iteration is one parallel SpMV and fused vector passes. On a partitioned matrix (--dask-scheduler)
 the loop runs on the replica and each SpMV on the blocks where they are, with the single-node answer
 (preconditioner 'none' or 'jacobi'; 'ilu0' is UNIMPLEMENTED there). {_COMMON_DOC}""",
-    args=_args(_ATOL), outputs=_OUTPUTS, iterative=True)
-def cg(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none"):
-    operator = _checked("cg", a, b, x0, rtol, atol, maxiter, preconditioner)
+    args=_args(_ATOL), outputs=_OUTPUTS, check=check_cg, iterative=True)
+def cg(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+       preconditioner: str = "none"):
+    operator = _operator("cg", a, b, x0, dtype)
     return _solve_columns("cg", operator, b, x0,
                           lambda bc, xc: _cg(operator, bc, xc, rtol, atol, maxiter, preconditioner))
+
+
+def check_bicgstab(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+                   preconditioner: str = "none") -> Plan:
+    return check_system("bicgstab", a, b, x0, rtol, atol, maxiter)
 
 
 @REGISTRY.op(
@@ -425,28 +465,30 @@ def cg(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preco
 kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
 maxiter 10 n, and its breakdown codes (info -10, -11); an iteration converging halfway counts.
 On a partitioned matrix it runs as cg does there. {_COMMON_DOC}""",
-    args=_args(_ATOL), outputs=_OUTPUTS, iterative=True)
-def bicgstab(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none"):
-    operator = _checked("bicgstab", a, b, x0, rtol, atol, maxiter, preconditioner)
+    args=_args(_ATOL), outputs=_OUTPUTS, check=check_bicgstab, iterative=True)
+def bicgstab(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+             preconditioner: str = "none"):
+    operator = _operator("bicgstab", a, b, x0, dtype)
     return _solve_columns("bicgstab", operator, b, x0,
                           lambda bc, xc: _bicgstab(operator, bc, xc, rtol, atol, maxiter, preconditioner))
 
 
 # ------------------------------------------------------------------ partitioned matrices (--dask-scheduler)
 def _on_blocks(op: str, loop: Callable[..., tuple[np.ndarray, int, int]]) -> Callable[..., tuple[Any, ...]]:
-    """``op`` on a partitioned matrix (``partition.Krylov``): ``a`` is the matrix's entry-less
-    stand-in with the whole shape, so the checks and their messages are the single node's; then
-    the same ``loop`` over the blocks' products (``make_operator``), so the same answer."""
-    def solve(make_operator, a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-              preconditioner: str = "none"):
-        _checked(op, a, b, x0, rtol, atol, maxiter, preconditioner)
+    """``op`` on a partitioned matrix (``partition.Krylov``), given the plan's arguments: the
+    cluster ran the op's check on the matrix's entry-less stand-in with the whole shape, so the
+    refusals and their messages are the single node's; then the same ``loop`` over the blocks'
+    products (``make_operator``), so the same answer."""
+    def solve(make_operator, a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0,
+              maxiter=None, preconditioner: str = "none"):
         if preconditioner == "ilu0":
             raise UnimplementedError(
                 f"preconditioner 'ilu0' is not available for {op} on a partitioned matrix: its triangular "
                 "solves run row after row through the whole matrix, which the row blocks cannot share out; use "
                 "'jacobi' or 'none', or put the matrix without partitions",
                 reason=Reason.PRECONDITIONER_NOT_PARTITIONED)
-        operator = make_operator(_compute_dtype(a, b.dtype))
+        _check_finite(op, b, x0)
+        operator = make_operator(dtype)
         return _solve_columns(op, operator, b, x0,
                               lambda bc, xc: loop(operator, bc, xc, rtol, atol, maxiter, preconditioner))
     return solve
@@ -456,6 +498,14 @@ REGISTRY.partitioned("cg", Krylov(_on_blocks("cg", _cg)))
 REGISTRY.partitioned("bicgstab", Krylov(_on_blocks("bicgstab", _bicgstab)))
 
 
+def check_gmres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none",
+                restart: int = 20) -> Plan:
+    plan = check_system("gmres", a, b, x0, rtol, atol, maxiter)
+    if restart < 1:
+        raise InvalidArgumentError(f"restart must be at least 1, not {restart}", reason=Reason.BAD_RESTART)
+    return plan
+
+
 @REGISTRY.op(
     "gmres",
     doc=f"""Restarted GMRES for a general square A (scipy.sparse.linalg.gmres with callback_type
@@ -463,14 +513,21 @@ REGISTRY.partitioned("bicgstab", Krylov(_on_blocks("bicgstab", _bicgstab)))
 scipy's (null: 10 n); iterations counts inner iterations; info is maxiter when not converged.
 {_COMMON_DOC}""",
     args=_args(_ATOL, (Arg("restart", INT, "Inner iterations between restarts.", default=20),)),
-    outputs=_OUTPUTS, iterative=True)
-def gmres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none",
-          restart: int = 20):
-    operator = _checked("gmres", a, b, x0, rtol, atol, maxiter, preconditioner)
-    if restart < 1:
-        raise InvalidArgumentError(f"restart must be at least 1, not {restart}", reason=Reason.BAD_RESTART)
+    outputs=_OUTPUTS, check=check_gmres, iterative=True)
+def gmres(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+          preconditioner: str = "none", restart: int = 20):
+    operator = _operator("gmres", a, b, x0, dtype)
     return _solve_columns("gmres", operator, b, x0, lambda bc, xc: _scipy_solve(
         "gmres", operator, bc, xc, rtol, atol, maxiter, preconditioner, restart=restart))
+
+
+def check_minres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+                 preconditioner: str = "none") -> Plan:
+    plan = check_system("minres", a, b, x0, rtol, atol, maxiter)
+    if atol != 0:
+        raise InvalidArgumentError(f"atol must be 0 for minres (scipy's minres stops on rtol only), not {atol}",
+                                   reason=Reason.BAD_TOLERANCE)
+    return plan
 
 
 @REGISTRY.op(
@@ -479,11 +536,10 @@ def gmres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, pr
 over our SpMV and preconditioner, which must be symmetric positive definite for the method's
 guarantees): scipy's own stopping rule on rtol (scipy's minres has no atol: a nonzero atol is
 INVALID_ARGUMENT), maxiter 5 n by default as scipy. {_COMMON_DOC}""",
-    args=_args("Must be 0: scipy's minres has no absolute tolerance."), outputs=_OUTPUTS, iterative=True)
-def minres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none"):
-    operator = _checked("minres", a, b, x0, rtol, atol, maxiter, preconditioner)
-    if atol != 0:
-        raise InvalidArgumentError(f"atol must be 0 for minres (scipy's minres stops on rtol only), not {atol}",
-                                   reason=Reason.BAD_TOLERANCE)
+    args=_args("Must be 0: scipy's minres has no absolute tolerance."), outputs=_OUTPUTS, check=check_minres,
+    iterative=True)
+def minres(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
+           preconditioner: str = "none"):
+    operator = _operator("minres", a, b, x0, dtype)
     return _solve_columns("minres", operator, b, x0, lambda bc, xc: _scipy_solve(
         "minres", operator, bc, xc, rtol, atol, maxiter, preconditioner))

@@ -42,9 +42,9 @@ LIMITS = ServerConfig(max_nnz=1 << 20, max_rank=32)  # --max-nnz, --max-rank
 def _run_op(name: str, args: dict) -> None:
     op = REGISTRY.get(name)
     check_argument_limits(op, args, LIMITS)
-    bound = op.bind(args)
-    if op.result_bytes is None or op.result_bytes(**bound) <= RESULT_LIMIT:
-        op.run("cpu", bound)
+    plan = op.plan(op.bind(args))  # check, then run: as the server does
+    if op.result_bytes is None or op.result_bytes(**plan.args) <= RESULT_LIMIT:
+        op.run_plan("cpu", plan)
 
 
 def _pieces(data: bytes) -> list[bytes]:

@@ -163,7 +163,7 @@ def test_multiply_sparse_dense_matches_torch(data):
     got = run("multiply", a=a, b=b)
     want = torch().mul(to_torch(a), to_torch(b))
     if want.dtype == torch().complex32:
-        # float16 times a complex 0-d tensor is complex32 in torch, which numpy (and SPEC) lack:
+        # float16 times a complex 0-d tensor is complex32 in torch, which numpy (and docs/contract.md) lack:
         # ours is the nearest dtype there is, complex64, holding torch's values.
         assert got.dtype == np.complex64
         want = want.to(torch().complex64)

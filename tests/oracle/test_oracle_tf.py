@@ -13,7 +13,7 @@ Deliberate differences (named where they are tested):
 - Rank-0 results (reduce over every axis with output_is_sparse and no keepdims): TensorFlow makes a
   rank-0 SparseTensor, a COO tensor here has rank >= 1: we refuse it (INVALID_ARGUMENT).
 - Inputs TensorFlow accepts but answers with an invalid tensor, garbage or an order-dependent
-  result (slice with a negative start, or a negative size past the end; transpose with perm [0, 0];
+  result (slice with a negative size; transpose with perm [0, 0];
   fill_empty_rows with an empty second dimension; maximum or softmax of unsorted input; NaN in
   reduce_max, where TensorFlow's answer depends on the entry order and ours is NaN): we refuse them
   or answer consistently, and they are not compared here.
