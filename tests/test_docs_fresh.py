@@ -48,15 +48,12 @@ def test_check_mode_finds_a_stale_table(tmp_path, monkeypatch):
     assert "| `InvalidArgumentError` | `INVALID_ARGUMENT` |" in contract and "`X`" not in contract
 
 
-def test_reasons_are_read_from_the_raising_code(tmp_path):
-    """The reasons table finds a literal reason, both of a conditional one, validation's
-    positional one, and nothing computed at run time."""
-    source = tmp_path / "m.py"
-    source.write_text('raise InvalidArgumentError("m", reason="ONE")\n'
-                      'raise UnauthenticatedError("m", reason="A" if x else "B")\n'
-                      'raise _fail("m", "TWO")\n'
-                      'raise NotFoundError("m", reason=computed)\n')
-    codes = {"InvalidArgumentError": "INVALID_ARGUMENT", "UnauthenticatedError": "UNAUTHENTICATED",
-             "NotFoundError": "NOT_FOUND"}
-    assert sorted(gen_docs._raised_reasons(source, codes)) == [
-        ("INVALID_ARGUMENT", "ONE"), ("INVALID_ARGUMENT", "TWO"), ("UNAUTHENTICATED", "A"), ("UNAUTHENTICATED", "B")]
+def test_the_reasons_table_is_the_enumeration():
+    """The reasons table is read from ``Reason``, not from the code's text: a row per member with
+    its codes and meaning (tests/test_reasons.py holds the raising code to the members)."""
+    from sparseserve.core.reasons import Reason
+
+    rows = gen_docs.reasons_table().splitlines()[2:]
+    assert len(rows) == len(Reason)
+    for reason in Reason:
+        assert f"| `{reason.value}` | {', '.join(f'`{c}`' for c in reason.codes)} | {reason.meaning} |" in rows
