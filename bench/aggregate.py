@@ -44,7 +44,7 @@ def run(scale: float = 1.0, repeat: int = 3, features: int = 64) -> None:
 
     from sparseserve.kernels import aggregate as agk
     from sparseserve.kernels.linalg import balanced_bounds
-    from sparseserve.server.trust import checked
+    from sparseserve.server.validated import validated
     from sparseserve.server.ops import REGISTRY
 
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -65,7 +65,7 @@ def run(scale: float = 1.0, repeat: int = 3, features: int = 64) -> None:
     for index in (np.int64, np.int32):
         p, c = ptr.astype(index), cols.astype(index)
         a = SparseTensor(layout="csr", compressed_indices=p, plain_indices=c, values=vals, dense_shape=[n, n])
-        stored = checked(a, "mat1")  # as the handle store keeps it
+        stored = validated(a, "mat1")  # as the handle store keeps it
         ta = torch.sparse_csr_tensor(torch.from_numpy(p), torch.from_numpy(c), torch.from_numpy(vals), (n, n),
                                      check_invariants=False)
         for reduce in ("mean", "sum", "amax"):

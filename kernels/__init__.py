@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from ._sort import argsort_stable, linearize
+from ._parallel import PARALLEL_MIN
+from ._sort import argsort_stable, frozen, gather_rows, linearize
 from .coo import DTYPES, coalesce, first_disorder, from_dense, indices_in_range, reorder, to_dense
 
-__all__ = ["DTYPES", "linearize", "argsort_stable", "reorder", "coalesce", "first_disorder", "to_dense",
-           "from_dense", "indices_in_range", "warm_up"]
+# The server's seam into the kernels: these, and the family modules (kernels.linalg, ...).
+__all__ = ["DTYPES", "PARALLEL_MIN", "linearize", "argsort_stable", "frozen", "gather_rows", "reorder", "coalesce",
+           "first_disorder", "to_dense", "from_dense", "indices_in_range", "warm_up"]
 
 
 def warm_up() -> None:

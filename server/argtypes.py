@@ -23,7 +23,7 @@ from sparseserve.core.reasons import Reason
 from sparseserve.kernels import indices_in_range
 
 from .device import is_device_array
-from .trust import frozen_tensor, is_checked, read_only
+from .validated import read_only_tensor, is_validated, has_read_only_arrays
 
 __all__ = ["ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST", "AXES",
            "BOOL", "FLOAT", "SCALAR", "STRING", "INDEX", "choice", "axis_of", "axes_of", "normalize_axis",
@@ -72,8 +72,8 @@ def _layout_of(value: Any) -> str:
 
 
 def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> Any:
-    if type(value) is SparseTensor and read_only(value):  # as decoded from the wires: bound as it is
-        if not is_checked(value):
+    if type(value) is SparseTensor and has_read_only_arrays(value):  # as decoded from the wires: bound as it is
+        if not is_validated(value):
             check_sparse(value, name, indices_in_range)
         return _in_layouts(value, name, layouts, op)
     if isinstance(value, OutputRef):  # pipelines substitute their references before binding
@@ -93,13 +93,13 @@ def _coerce_tensor(value: Any, name: str, layouts: tuple[str, ...], op: str) -> 
         raise InvalidArgumentError(f"{name} must be a tensor, not {type(value).__name__}",
                                    reason=Reason.BAD_ARGUMENT_TYPE)
     # Validate first: a malformed tensor is INVALID_ARGUMENT whatever its layout.
-    if not (device_array or (isinstance(value, SparseTensor) and is_checked(value))):
+    if not (device_array or (isinstance(value, SparseTensor) and is_validated(value))):
         if isinstance(value, SparseTensor):
             check_sparse(value, name, indices_in_range)
         else:
             check_dense(value, name)
-        if not (isinstance(value, SparseTensor) and read_only(value)):
-            value = frozen_tensor(value)
+        if not (isinstance(value, SparseTensor) and has_read_only_arrays(value)):
+            value = read_only_tensor(value)
     return _in_layouts(value, name, layouts, op)
 
 

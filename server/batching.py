@@ -19,7 +19,7 @@ import numpy as np
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.validate import INT64_MAX
 from sparseserve.core.errors import InternalError
-from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.kernels import PARALLEL_MIN
 
 from . import tracing
 from .registry import Plan

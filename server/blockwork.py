@@ -20,7 +20,7 @@ from .limits import check_result_bytes
 from .ops import REGISTRY
 from .ops.linalg import csr_arrays, matrix_rep
 from .partition import split_rows, stack_rows
-from .trust import trust
+from .validated import mark_validated
 
 __all__ = ["run_block", "reduce_partial", "dense_total", "reduce_combine", "transpose_pieces", "merge_pieces",
            "SolverRows"]
@@ -34,7 +34,7 @@ def run_block(op_name: str, args: dict[str, Any], max_result_bytes: int) -> Any:
     plan = op.plan(op.bind(args))
     if op.result_bytes is not None:
         check_result_bytes(op, op.result_bytes(**plan.args), max_result_bytes)
-    return trust(op.run_plan("cpu", plan)[0])
+    return mark_validated(op.run_plan("cpu", plan)[0])
 
 
 def reduce_partial(op_name: str, block: SparseTensor, axes: list[int], max_result_bytes: int,
@@ -77,7 +77,7 @@ def merge_pieces(pieces: list[SparseTensor]) -> SparseTensor:
     indices = np.concatenate([p.indices for p in pieces])
     values = np.concatenate([p.values for p in pieces])
     indices, values = kernels.reorder(indices, values, first.dense_shape[:first.sparse_ndim])
-    return trust(SparseTensor(indices=indices, values=values, dense_shape=first.dense_shape,
+    return mark_validated(SparseTensor(indices=indices, values=values, dense_shape=first.dense_shape,
                               coalesced=all(p.coalesced for p in pieces)))
 
 

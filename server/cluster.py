@@ -50,7 +50,7 @@ from sparseserve.core.reasons import Reason
 from . import blockwork
 from . import partition as part
 from .registry import Plan
-from .trust import trust
+from .validated import mark_validated
 from .limits import deadline_exceeded, seconds_left
 from .ops.solvers import inverse_diagonal
 from .sizes import tensor_nbytes
@@ -131,7 +131,7 @@ def stand_in(meta: dict[str, Any], rows: int) -> Any:
         t = SparseTensor(layout="csr", compressed_indices=_free(index, rows + 1),
                          plain_indices=np.zeros(0, index), values=np.zeros(0, dtype), dense_shape=shape,
                          coalesced=meta["coalesced"])
-    return trust(t)
+    return mark_validated(t)
 
 
 def _distributed_in(value: Any) -> bool:
@@ -337,7 +337,7 @@ class Cluster:
         if isinstance(value, list):
             return [self._gathered(v) for v in value]
         if isinstance(value, DistributedTensor):
-            return trust(self.gather(value, self.config.max_result_bytes))
+            return mark_validated(self.gather(value, self.config.max_result_bytes))
         return value
 
     @staticmethod
@@ -603,9 +603,9 @@ class _Stub:
 
 
 def _checked_block(block: Any) -> Any:
-    from .trust import checked
+    from .validated import validated
 
-    return checked(block, "block")
+    return validated(block, "block")
 
 
 @contextlib.contextmanager

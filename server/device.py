@@ -127,7 +127,7 @@ class DeviceTensor(SparseTensor):
     @classmethod
     def of(cls, layout: str, dense_shape, *, values, indices=None, compressed_indices=None,
            plain_indices=None, blocksize=None, coalesced: bool = False) -> "DeviceTensor":
-        from .trust import trust
+        from .validated import mark_validated
 
         t = object.__new__(cls)  # no __init__: it would copy the arrays to the host
         t.layout = layout
@@ -138,7 +138,7 @@ class DeviceTensor(SparseTensor):
         t.plain_indices = plain_indices
         t.blocksize = None if blocksize is None else tuple(int(b) for b in blocksize)
         t.coalesced = bool(coalesced)
-        return trust(t)  # made by the server from checked data: not validated again on use
+        return mark_validated(t)  # made by the server from checked data: not validated again on use
 
 
 class ArrayBackend:
@@ -221,7 +221,7 @@ class ArrayBackend:
     def to_host(self, value: Any) -> Any:
         """Device tensors (and lists of them) copied to host memory as the wires and the CPU
         kernels take them; anything else as it is."""
-        from .trust import trust
+        from .validated import mark_validated
 
         if isinstance(value, DeviceTensor):
             host = self._host_array
@@ -233,9 +233,9 @@ class ArrayBackend:
                                  plain_indices=host(value.plain_indices), values=host(value.values),
                                  dense_shape=value.dense_shape, blocksize=value.blocksize,
                                  coalesced=value.coalesced)
-            return trust(t)
+            return mark_validated(t)
         if is_device_array(value):
-            return trust(self._host_array(value))
+            return mark_validated(self._host_array(value))
         if isinstance(value, list):
             return [self.to_host(v) for v in value]
         return value

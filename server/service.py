@@ -23,7 +23,7 @@ from sparseserve.core.errors import (InternalError, InvalidArgumentError, NotFou
 from sparseserve.core.reasons import Reason
 
 from . import tracing
-from .trust import checked
+from .validated import validated
 from .buffers import BufferPool
 from .config import ServerConfig
 from .device import ArrayBackend, resolve_backend
@@ -377,7 +377,7 @@ class Service:
     def _checked_from_disk(self, tensor: Any) -> Any:
         """A tensor mapped back from the disk tier, validated as a put validates it."""
         check_tensor_limits(tensor, "tensor", self.config)
-        return checked(tensor, "tensor")
+        return validated(tensor, "tensor")
 
     async def _held(self, handle: str, tenant: str) -> Any:
         """A tensor of this process's store; one on disk is mapped back and checked in the kernel pool."""
@@ -420,7 +420,7 @@ class Service:
         cut into that many row blocks on the Dask cluster (``_store``)."""
         check_partitions(partitions)
         check_tensor_limits(tensor, "tensor", self.config)
-        value = await self.run(tracing.traced("validation", checked), tensor, "tensor")
+        value = await self.run(tracing.traced("validation", validated), tensor, "tensor")
         return await self._store(value, tenant, partitions)
 
     def upload_budget(self) -> int:

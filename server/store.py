@@ -41,7 +41,7 @@ from sparseserve.core.reasons import Reason
 
 from .sizes import tensor_nbytes
 from .spill import Damaged, SpillDir, file_bytes
-from .trust import checked
+from .validated import validated
 
 __all__ = ["HandleStore", "new_handle", "GONE_MAX", "MAPPED_MAX"]
 
@@ -102,7 +102,7 @@ class HandleStore:
         self._limit = limit  # how a tensor bigger than the budget is told which budget
         self.spill = spill
         # Validation as at put, of a tensor mapped back from disk (the service adds its limits).
-        self._check = check or partial(checked, name="tensor")
+        self._check = check or partial(validated, name="tensor")
         self._writer: ThreadPoolExecutor | None = None
         if spill is not None:
             expires = self._clock() + self.ttl_seconds  # a restart counts as a use

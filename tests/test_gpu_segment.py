@@ -16,7 +16,7 @@ import pytest
 
 from helpers import assert_eq
 from sparseserve.errors import SparseServeError
-from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.kernels import PARALLEL_MIN
 from sparseserve.server.device import ArrayBackend
 from sparseserve.server.ops import REGISTRY
 from strategies import random_values

@@ -26,7 +26,7 @@ from sparseserve.core.codec import iter_chunks, tensor_from_bytes, tensor_to_byt
 from sparseserve.core.frames import execute_request_pieces, message_frames
 from sparseserve.core.jsoncodec import tensor_to_json
 from sparseserve.core.tensor import HandleRef
-from sparseserve.server.trust import checked
+from sparseserve.server.validated import validated
 from sparseserve.server.ops import REGISTRY
 from sparseserve.v1 import sparseserve_pb2 as pb
 
@@ -85,7 +85,7 @@ def test_malformed_tensor_messages_are_refused_or_right(msg):
     a valid tensor whose to_dense equals numpy's scatter of its entries."""
     body = pb.Tensor(sparse=msg).SerializeToString()
     try:
-        t = checked(tensor_from_bytes(body, "sp_input"), "sp_input")
+        t = validated(tensor_from_bytes(body, "sp_input"), "sp_input")
     except SparseServeError as err:
         assert err.code in ("INVALID_ARGUMENT", "UNIMPLEMENTED", "RESOURCE_EXHAUSTED"), err
         return

@@ -208,7 +208,7 @@ def test_parallel_kernels_called_from_many_threads_at_once():
 @pytest.mark.parametrize("dtype", ["float64", "complex64", "int32", "bool"])
 def test_large_inputs_take_the_parallel_paths_and_agree(dtype):
     """Past PARALLEL_MIN entries: packed parallel sort; 8-byte values travel through it."""
-    from sparseserve.kernels._parallel import PARALLEL_MIN
+    from sparseserve.kernels import PARALLEL_MIN
 
     rng = np.random.default_rng(11)
     shape = (700, 900)

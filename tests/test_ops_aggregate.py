@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
-from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.kernels import PARALLEL_MIN
 from sparseserve.server.ops import REGISTRY
 from conftest import op_raises, run_op
 

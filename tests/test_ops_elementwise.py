@@ -438,7 +438,7 @@ def test_large_mul_takes_the_fused_path_and_agrees(dtype, dense_shape):
     """Past PARALLEL_MIN entries with one dtype and no hybrid dims, mul runs one fused parallel
     kernel; it must equal values * the dense broadcast to the sparse shape."""
     from sparseserve.kernels import elementwise as ek
-    from sparseserve.kernels._parallel import PARALLEL_MIN
+    from sparseserve.kernels import PARALLEL_MIN
 
     rng = np.random.default_rng(3)
     n = 2 * PARALLEL_MIN

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sparseserve import InvalidArgumentError, ResourceExhaustedError, SparseTensor
 from sparseserve.core.convert import as_tensor, torch_to_tensor
 from sparseserve.core.dtypes import DTYPE_NAMES
-from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.kernels import PARALLEL_MIN
 from sparseserve.server.ops._layouts import as_coo, as_csr
 from sparseserve.server.ops.layout import _convert_bytes
 from conftest import op_raises, run_op

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, ResourceExhaustedError, SparseTensor, UnimplementedError
-from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.kernels import PARALLEL_MIN
 from conftest import ServerProcess, make_client, op_raises, run_op
 from helpers import assert_eq
 from strategies import random_values

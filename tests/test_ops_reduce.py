@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from sparseserve import InvalidArgumentError, SparseTensor, UnimplementedError
 from sparseserve.core.convert import torch_to_tensor
-from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.kernels import PARALLEL_MIN
 from conftest import op_raises, run_op
 from helpers import assert_eq
 from strategies import coo_tensors, random_coo

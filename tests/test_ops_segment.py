@@ -14,7 +14,7 @@ import pytest
 
 from sparseserve import (InvalidArgumentError, ResourceExhaustedError, SparseTensor,
                          UnimplementedError)
-from sparseserve.kernels._parallel import PARALLEL_MIN
+from sparseserve.kernels import PARALLEL_MIN
 from conftest import op_raises, run_op
 
 run, raises = run_op, op_raises
@@ -396,7 +396,7 @@ def test_common_calls_after_warm_up_compile_nothing_new():
         from numba.core.registry import CPUDispatcher
         from sparseserve import kernels, SparseTensor
         from sparseserve.kernels import segment
-        from sparseserve.kernels._parallel import PARALLEL_MIN
+        from sparseserve.kernels import PARALLEL_MIN
         from sparseserve.server.ops import REGISTRY
 
         def signatures():

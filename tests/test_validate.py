@@ -12,7 +12,7 @@ from sparseserve import SparseTensor
 from sparseserve.core.validate import check_dense, check_sparse
 from sparseserve.errors import InvalidArgumentError
 from sparseserve.kernels import indices_in_range
-from sparseserve.kernels._sort import frozen
+from sparseserve.kernels import frozen
 
 
 def coo(indices, values, shape, **kw):
@@ -157,7 +157,7 @@ def test_compiled_range_check_takes_any_int64_indices(layout):
 def test_compiled_range_check_of_many_indices_finds_any_one_out_of_range(k):
     # Past PARALLEL_MIN rows the check runs in chunks, blocks of whole rows compared unsigned:
     # one bad value anywhere (first, last, a block's edge, the short last block) is found.
-    from sparseserve.kernels._parallel import PARALLEL_MIN
+    from sparseserve.kernels import PARALLEL_MIN
 
     rng = np.random.default_rng(k)
     limits = rng.integers(5, 50, k)
@@ -187,12 +187,12 @@ def test_compiled_range_check_refuses_limits_that_do_not_match_the_columns():
 
 def test_tensors_checked_into_the_store_are_not_checked_again():
     from sparseserve.server.argtypes import TENSOR
-    from sparseserve.server.trust import checked
+    from sparseserve.server.validated import validated
     from sparseserve.server.registry import Arg
 
     t = SparseTensor(indices=[[0, 1], [2, 0]], values=[1.0, 2.0], dense_shape=[3, 2])
-    stored = checked(t, "tensor")
-    assert not stored.values.flags.writeable and checked(stored, "tensor") is stored
+    stored = validated(t, "tensor")
+    assert not stored.values.flags.writeable and validated(stored, "tensor") is stored
     arg = Arg("sp_input", TENSOR, "", layouts=("coo",))
     assert TENSOR.coerce(stored, arg, "reorder") is stored  # bound as it is: no second pass
     assert TENSOR.coerce(t, arg, "reorder") is not t  # anything else is checked and frozen
@@ -202,5 +202,5 @@ def test_tensors_checked_into_the_store_are_not_checked_again():
         TENSOR.coerce(SparseTensor(indices=frozen(np.array([[0, 5]])), values=frozen(np.ones(1)),
                                    dense_shape=[3, 2]), arg, "reorder")
     with pytest.raises(InvalidArgumentError) as info:
-        checked(SparseTensor(indices=[[0, 5]], values=[1.0], dense_shape=[3, 2]), "tensor")
+        validated(SparseTensor(indices=[[0, 5]], values=[1.0], dense_shape=[3, 2]), "tensor")
     assert info.value.reason == "INDEX_OUT_OF_RANGE"

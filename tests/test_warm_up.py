@@ -48,7 +48,7 @@ def test_ops_after_warm_up_compile_nothing_new():
                 run("add", a=st, b=st)
                 run("add", a=st, b=np.ones((4, 5), dtype))
         # Past PARALLEL_MIN entries the kernels take their parallel paths.
-        from sparseserve.kernels._parallel import PARALLEL_MIN
+        from sparseserve.kernels import PARALLEL_MIN
         rng = np.random.default_rng(0)
         for dtype in ("float64", "int8", "bool", "float16", "complex128"):
             big = SparseTensor(indices=rng.integers(0, 600, (2 * PARALLEL_MIN, 2)),

@@ -16,7 +16,7 @@ import numpy as np
 from sparseserve import kernels
 from sparseserve.core.tensor import BLOCK_LAYOUTS, SparseTensor
 from sparseserve.kernels import compressed as ck
-from sparseserve.kernels._sort import frozen, gather_rows
+from sparseserve.kernels import frozen, gather_rows
 
 from ._sputils import index_dtype
 

@@ -25,7 +25,7 @@ from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.reasons import Reason
 from sparseserve.kernels import elementwise as ek
 from sparseserve.kernels import gather as gk
-from sparseserve.kernels._sort import gather_rows
+from sparseserve.kernels import gather_rows
 
 from ..argtypes import DENSE, SPARSE, TENSOR, axis_of
 from ..device import Fallback

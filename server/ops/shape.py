@@ -31,7 +31,7 @@ from sparseserve.core.reasons import Reason
 from sparseserve import kernels
 from sparseserve.kernels import arrays as ka
 from sparseserve.kernels import shape as shk
-from sparseserve.kernels._sort import gather_rows
+from sparseserve.kernels import gather_rows
 
 from ..argtypes import INT_LIST, SPARSE
 from ..partition import Shuffle

@@ -30,7 +30,7 @@ from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.reasons import Reason
 from sparseserve.kernels import solvers as sk
-from sparseserve.kernels._sort import frozen
+from sparseserve.kernels import frozen
 
 from ..argtypes import FLOAT, INT, OPTIONAL_INT, TENSOR, choice
 from ..limits import between_iterations

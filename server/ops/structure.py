@@ -23,7 +23,7 @@ from sparseserve.core.validate import INT64_MAX, check_shape
 from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
 from sparseserve.core.reasons import Reason
 from sparseserve.kernels import structure as sk
-from sparseserve.kernels._sort import argsort_stable, gather_rows
+from sparseserve.kernels import argsort_stable, gather_rows
 
 from ..argtypes import BOOL, DENSE, INDEX, INT, INT_LIST, SCALAR, SPARSE, TENSORS, normalize_axis
 from ..partition import Stack

@@ -25,7 +25,7 @@ with atheris.instrument_imports(include=["sparseserve"], exclude=KERNELS):
     from sparseserve.core.codec import ChunkAssembler
     from sparseserve.core.frames import MessageAssembler
     from sparseserve.errors import SparseServeError
-    from sparseserve.server.trust import checked
+    from sparseserve.server.validated import validated
     from sparseserve.server.config import ServerConfig
     from sparseserve.server.limits import check_argument_limits
     from sparseserve.server.ops import REGISTRY
@@ -62,12 +62,12 @@ def one_input(data: bytes) -> None:
             _run_op(OPS[choice % len(OPS)], args)
         elif kind.startswith("tensor"):
             decode = _decode_pb_tensor if kind == "tensor-protobuf" else _decode_json_tensor
-            checked(decode(body, JSON_DEPTH), "tensor")
+            validated(decode(body, JSON_DEPTH), "tensor")
         elif kind == "chunks":
             assembler = ChunkAssembler("tensor", max_bytes=RESULT_LIMIT)
             for frame in _pieces(body):
                 assembler.add(frame)
-            checked(assembler.finish(), "tensor")
+            validated(assembler.finish(), "tensor")
         else:
             assembler = MessageAssembler("request", max_bytes=RESULT_LIMIT)
             for frame in _pieces(body):
