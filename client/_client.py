@@ -1,4 +1,4 @@
-"""``Client`` and ``AsyncClient``: one surface over gRPC and REST (SPEC section 7).
+"""``Client`` and ``AsyncClient``: one surface over gRPC and REST (docs/sdk.md).
 
 A client turns its target into ``Settings`` and picks its transport once, in the constructor
 (``_transport``: gRPC or REST, blocking or awaited); every call after that goes to the

@@ -140,7 +140,7 @@ def http_headers(token: str | None, encoding: str, timeout: float | None = None)
 
 
 def http_error(status: int, body: bytes, request_id: str | None = None) -> SparseServeError:
-    """The SDK error for an HTTP error response (the JSON error body of SPEC section 6);
+    """The SDK error for an HTTP error response (the JSON error body of docs/contract.md ("Errors"));
     ``request_id`` (the response's header, else the one sent) when the body has none."""
     try:
         err = json.loads(body)["error"]

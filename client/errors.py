@@ -1,4 +1,4 @@
-"""The SDK's errors (SPEC section 6): one class per canonical code, each with the code, a
+"""The SDK's errors (docs/contract.md ("Errors")): one class per canonical code, each with the code, a
 stable machine ``reason`` and the ``request_id`` the server logged the call under. Defined in
 ``sparseserve.core.errors``, which the server raises from too."""
 

@@ -15,7 +15,7 @@ Results equal the CPU kernels' (``kernels/coo.py``, ``compressed.py``, ``linalg.
 entry order (stable sorts where the CPU kernels are stable), index dtypes and explicit zeros.
 Sums of repeated entries run in other orders (atomics), so floats agree up to rounding; a run
 of one entry is copied, never added to zero, so -0.0 stays -0.0 as on the CPU.
-Inputs are validated tensors (SPEC section 2) and the op layer has checked the arguments.
+Inputs are validated tensors (docs/contract.md ("Tensors")) and the op layer has checked the arguments.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from ._sort import (argsort_stable, delinearize_kernel, delinearize_parallel, fi
                     gather_rows, linearize, packed_order, read_only_indices, segment_starts_kernel, sequential_order,
                     sorted_indices_kernel, split_packed, unique_runs)
 
-# The value dtypes the kernels are compiled for at warm-up (SPEC section 2's list).
+# The value dtypes the kernels are compiled for at warm-up (docs/contract.md's list ("Tensors")).
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")
 

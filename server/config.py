@@ -1,5 +1,5 @@
 """Server settings: one table drives the command-line flags, the
-``SPARSESERVE_*`` environment variables and their defaults (SPEC section 8)."""
+``SPARSESERVE_*`` environment variables and their defaults (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The REST wire (SPEC section 5): FastAPI routes derived from the registry.
+"""The REST wire (docs/contract.md ("REST")): FastAPI routes derived from the registry.
 
 Bodies are JSON, or ``application/x-protobuf`` carrying the gRPC messages; the
 same ``Service`` answers both. Each op gets its own route so that the OpenAPI
@@ -413,7 +413,7 @@ _PIPELINE_BODY = {"requestBody": {"required": True, "content": {
 
 
 def _add_tensor_schemas(app: FastAPI, *, tokens: bool) -> None:
-    """Put the JSON tensor forms of SPEC section 5 into the OpenAPI components, and, on a server
+    """Put the JSON tensor forms of docs/contract.md ("REST") into the OpenAPI components, and, on a server
     with tokens, the bearer scheme on the routes that need one: /docs then has an Authorize
     button, and "Try it out" sends the token."""
     from fastapi.openapi.utils import get_openapi

@@ -126,7 +126,7 @@ class HandleStore:
         if quota and nbytes > quota:
             err = ResourceExhaustedError(f"the tensor takes {nbytes} bytes, over the budget of one tenant, "
                                          f"{quota} bytes (--tenant-store-bytes)", reason=Reason.TENANT_QUOTA)
-            err.http_status = 429  # a quota, not a size limit (SPEC section 6)
+            err.http_status = 429  # a quota, not a size limit (docs/contract.md ("Errors"))
             raise err
         if self.spill is not None and file_size > self.spill.budget_bytes:
             raise ResourceExhaustedError(

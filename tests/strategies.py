@@ -8,7 +8,7 @@ Two levels, one implementation:
   ``layout_specs``, ``compressed_tensors``, ``sparse_tensors``), for property tests. A failing
   example shrinks through the drawn arguments; the seed only fills in the numbers.
 
-What the tensors hold, unless asked otherwise: every dtype of SPEC section 2, ranks 1 to 5 with
+What the tensors hold, unless asked otherwise: every dtype of docs/contract.md ("Tensors"), ranks 1 to 5 with
 dimensions up to 4 (empty ones included), hybrid values (dense trailing dimensions), batches
 for the compressed layouts, repeated and unsorted indices, small exact values (integers, halves
 for floats: sums are exact even in float16). Each knob narrows that where an op or a library
@@ -116,7 +116,7 @@ def random_compressed(rng: np.random.Generator, layout: str, shape, nse: int | N
     every batch, at most one per position; drawn at random where None.
 
     canonical: each segment's plain indices strictly increase. Otherwise they come in any order
-    and may repeat within a segment (SPEC section 2 allows that), and ``repeat`` makes the first
+    and may repeat within a segment (docs/contract.md, "Tensors", allows that), and ``repeat`` makes the first
     two plain indices equal where they share a segment.
     values: keyword arguments of ``random_values``."""
     shape = tuple(int(d) for d in shape)

@@ -63,7 +63,7 @@ def still_answers(s: ServerProcess) -> None:
 
 # (case, op, arguments, code, reason): every class of bad input the ops check, and every limit.
 CASES = [
-    # SPEC section 2 invariants
+    # docs/contract.md ("Tensors") invariants
     ("index past the shape", "to_dense", dict(sp_input=coo([[0, 9]], [1.0], [3, 4])),
      "INVALID_ARGUMENT", "INDEX_OUT_OF_RANGE"),
     ("negative index", "coalesce", dict(sp_input=coo([[-1, 0]], [1.0], [3, 4])), "INVALID_ARGUMENT",

@@ -1,7 +1,7 @@
 """Attacks: malformed tensors generated against the decoders and the validator, a bounded
 fuzz run (atheris) over every request decoder, schema-driven requests (schemathesis) against
 the OpenAPI document of a real server, and a concurrent loopback load of valid and invalid
-calls. No input may produce a 5xx (but SPEC's 501 for an unsupported layout), a crash, a
+calls. No input may produce a 5xx (but the contract's 501 for an unsupported layout), a crash, a
 hang, or a server that stops answering."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_fuzz_the_decoders_for_a_bounded_time(tmp_path):
 # ---------------------------------------------------------------- schemathesis
 def test_openapi_schema_driven_requests_get_no_server_error(server):
     """Positive and negative cases for every route of the OpenAPI document; the only 5xx
-    allowed is the 501 SPEC section 6 gives an op asked for a layout it does not support."""
+    allowed is the 501 docs/contract.md ("Errors") gives an op asked for a layout it does not support."""
     import schemathesis
     from schemathesis import GenerationMode
 

@@ -1,5 +1,5 @@
 """Packaging: the base install is the SDK alone; generated proto code is fresh;
-import names are the three of SPEC section 1."""
+import names are the three of docs/codebase.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 2 invariants: every rule refused with its reason and a message
+"""docs/contract.md ("Tensors") invariants: every rule refused with its reason and a message
 that names the argument; valid tensors pass untouched."""
 
 from __future__ import annotations

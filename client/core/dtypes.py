@@ -1,4 +1,4 @@
-"""The dtypes of SPEC section 2, in one table.
+"""The dtypes of docs/contract.md ("Tensors"), in one table.
 
 Named as numpy names them; the proto enum value is the upper-cased name, so the
 table cannot drift from ``sparseserve.v1.DType``.
@@ -20,7 +20,7 @@ _SUPPORTED_NATIVE = {dtype: dtype for dtype in _BY_NAME.values()}
 
 
 def dtype_from_name(name: str, *, argument: str = "dtype") -> np.dtype:
-    """The numpy dtype for a SPEC dtype name; ``InvalidArgumentError`` names the argument otherwise."""
+    """The numpy dtype for a dtype name of docs/contract.md; ``InvalidArgumentError`` names the argument otherwise."""
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):
@@ -33,7 +33,7 @@ def dtype_from_name(name: str, *, argument: str = "dtype") -> np.dtype:
 
 
 def check_supported(dtype: np.dtype, argument: str) -> np.dtype:
-    """The native-order dtype if it is one of SPEC's; ``InvalidArgumentError`` otherwise."""
+    """The native-order dtype if it is one of the contract's; ``InvalidArgumentError`` otherwise."""
     native = _SUPPORTED_NATIVE.get(dtype)  # the common case: a dict lookup per array
     if native is not None:
         return native

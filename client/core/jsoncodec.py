@@ -1,4 +1,4 @@
-"""JSON codec of the REST wire (SPEC section 5).
+"""JSON codec of the REST wire (docs/contract.md ("REST")).
 
 Sparse: ``{"indices", "values", "dense_shape", "dtype"?, "layout"?}`` or, for
 compressed layouts, ``{"compressed_indices", "plain_indices", "values",

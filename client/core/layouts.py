@@ -1,4 +1,4 @@
-"""The layouts a sparse tensor may have (SPEC section 2): COO after TensorFlow, and PyTorch's
+"""The layouts a sparse tensor may have (docs/contract.md ("Tensors")): COO after TensorFlow, and PyTorch's
 compressed ones, two of them in blocks."""
 
 LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")

@@ -1,10 +1,10 @@
 """The one in-memory tensor representation shared by the SDK and the server.
 
-A ``SparseTensor`` holds numpy arrays in one of the layouts of SPEC section 2.
+A ``SparseTensor`` holds numpy arrays in one of the layouts of docs/contract.md ("Tensors").
 Dense tensors are plain ``numpy.ndarray``. A ``HandleRef`` names a tensor kept
 in a server's store. Construction converts what it is given to arrays (without
 a copy where the buffers allow) but does not validate: ``validate()`` runs the
-SPEC invariants, which the server runs on every tensor it receives.
+contract invariants (docs/contract.md, "Tensors"), which the server runs on every tensor it receives.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class SparseTensor:
 
     # ------------------------------------------------------------ conversion
     def validate(self, name: str = "tensor") -> "SparseTensor":
-        """Check every SPEC section 2 invariant; raise ``InvalidArgumentError`` naming ``name``."""
+        """Check every docs/contract.md ("Tensors") invariant; raise ``InvalidArgumentError`` naming ``name``."""
         check_sparse(self, name)
         return self
 

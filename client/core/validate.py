@@ -1,4 +1,4 @@
-"""The SPEC section 2 invariants, checked on every tensor that enters the server.
+"""The docs/contract.md ("Tensors") invariants, checked on every tensor that enters the server.
 
 Kernels (numba does no bounds checks) may assume whatever is checked here, so
 these checks are complete, not sampled, and use plain numpy: no kernel runs on
@@ -144,7 +144,7 @@ def _check_values_shape(values: np.ndarray, expected: tuple[int, ...], name: str
 
 
 def check_sparse(t: T, name: str, in_range: InRange | None = None) -> T:
-    """All SPEC section 2 invariants of a sparse tensor; raises ``InvalidArgumentError``.
+    """All docs/contract.md ("Tensors") invariants of a sparse tensor; raises ``InvalidArgumentError``.
     ``in_range``: a compiled check of COO index ranges (see ``InRange``)."""
     if t.layout not in LAYOUTS:
         raise _fail(f"{name}.layout = {t.layout!r} is not one of {', '.join(LAYOUTS)}", Reason.BAD_LAYOUT)

@@ -131,7 +131,7 @@ def _dense_bytes(sp_input: SparseTensor, **_) -> int:
     "to_dense",
     doc="""Converts a sparse tensor to a dense one (tf.sparse.to_dense).
 Unstored positions take default_value. With validate_indices, indices must be sorted row-major
-and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed (SPEC, as torch's
+and unique (INVALID_ARGUMENT otherwise); without it, repeated indices are summed (docs/contract.md, as torch's
 to_dense; TensorFlow's kernel, which documents repeats as unsupported, keeps the last one written).
 CSR, CSC, BSR, BSC (batch and dense dimensions too, as torch's to_dense): with validate_indices
 each row's (column's) plain indices must strictly increase; every element of a stored block is

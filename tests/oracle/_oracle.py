@@ -25,7 +25,7 @@ from sparseserve import SparseTensor
 __all__ = ["tf", "torch", "run", "raises", "to_tf", "from_tf", "to_torch", "from_torch", "in_layout",
            "TF_DTYPES", "TORCH_DTYPES"]
 
-# Every dtype of SPEC section 2 that each library's sparse kernels take, as numpy names.
+# Every dtype of docs/contract.md ("Tensors") that each library's sparse kernels take, as numpy names.
 TF_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
              "float16", "float32", "float64", "complex64", "complex128")
 TORCH_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32",

@@ -7,7 +7,7 @@ Where TensorFlow refuses an input (InvalidArgumentError, or the ValueError of it
 must refuse it with INVALID_ARGUMENT rather than return something.
 
 Deliberate differences (named where they are tested):
-- to_dense / sparse_to_dense without validate_indices: SPEC says repeated indices are summed (as
+- to_dense / sparse_to_dense without validate_indices: the contract says repeated indices are summed (as
   torch's to_dense); TensorFlow's kernel keeps the last one written. Held to torch's to_dense and
   to TensorFlow's own unsorted_segment_sum of the repeats.
 - Rank-0 results (reduce over every axis with output_is_sparse and no keepdims): TensorFlow makes a
@@ -156,7 +156,7 @@ TORCH_SUMS = ("int8", "int16", "int32", "int64", "uint8", "float32", "float64", 
 @SETTINGS
 @given(coo_tensors(TORCH_SUMS, hybrid=False))
 def test_to_dense_unvalidated_repeats_are_summed_as_torch(t):
-    """SPEC: without validate_indices repeated indices are summed (torch's to_dense); TensorFlow's
+    """The contract: without validate_indices repeated indices are summed (torch's to_dense); TensorFlow's
     kernel keeps the last value written instead, so here torch is the oracle."""
     want = to_torch_coo(t).to_dense().numpy()
     assert_eq(run("to_dense", sp_input=t, validate_indices=False), want)
@@ -215,7 +215,7 @@ def test_sparse_to_dense_repeats_are_summed():
 
 
 def _repeats_summed(args):
-    """Repeated indices without validate_indices add up, as to_dense's do (SPEC; TensorFlow's
+    """Repeated indices without validate_indices add up, as to_dense's do (the contract; TensorFlow's
     kernel keeps the last). Checked against TensorFlow's own sum of the repeats (segment_sum)."""
     idx, shape, values, default, _ = args
     if np.asarray(values).dtype == np.bool_:
