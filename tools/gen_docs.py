@@ -12,7 +12,7 @@ These places are generated, never edited by hand:
   raising code names its reasons from).
 
 The catalogue comes from ``GET /v1/ops``'s own source (``OpDef.describe``), so it says what the
-server serves. ``--check`` writes nothing and exits 1 naming the stale file; ``tests/test_docs_fresh.py``
+server serves. ``--check`` writes nothing and exits 1 naming the stale file; ``tests/deploy/test_deploy_docs_fresh.py``
 runs the same check, so a new op or a changed doc fails the suite until ``make docs`` is run.
 """
 

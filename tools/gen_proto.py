@@ -2,7 +2,7 @@
 
 The generated modules are checked in under ``client/v1`` (import name
 ``sparseserve.v1``) so that the base install needs no code generator;
-``tests/test_proto_fresh.py`` regenerates into a temporary folder and fails if
+``tests/deploy/test_deploy_packaging.py`` regenerates into a temporary folder and fails if
 the checked-in files differ.
 """
 

@@ -12,7 +12,7 @@ never edited by hand:
 - docs/scaling.png: time against size, log-log, one panel per kernel, ours against scipy and
   torch, from ``bench/results/scaling.json``.
 
-``--check`` writes nothing and exits 1 naming a stale file; ``tests/test_bench_docs.py`` runs the
+``--check`` writes nothing and exits 1 naming a stale file; ``tests/deploy/test_deploy_bench_docs.py`` runs the
 same check, so a table that no longer says what the results say fails the suite. The plot is not
 checked: its bytes change with matplotlib's version.
 """

@@ -43,7 +43,7 @@ _WIRE_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in _DTYPE_
 # The writers and readers below that handle protobuf bytes themselves (for speed: see the
 # sections that use them) name every field they touch through ``wire_field``, which reads its
 # number and wire type from the generated descriptors: nothing here copies a number from the
-# .proto. tests/test_wire_format.py holds their bytes to protobuf's own encoder and parser.
+# .proto. tests/sdk/test_sdk_wire_format.py holds their bytes to protobuf's own encoder and parser.
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5  # protobuf's wire types: the encoding's, not sparseserve.proto's
 _WIRE_TYPE_OF = {
     **dict.fromkeys((FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,

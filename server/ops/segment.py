@@ -109,6 +109,10 @@ def _segment_error(code: int, indices, segment_ids, n_data: int, num_segments) -
     if s < 0:
         return InvalidArgumentError(f"segment_ids[{i}] = {s} is negative; segment ids must be >= 0",
                                     reason=Reason.SEGMENT_ID_OUT_OF_RANGE)
+    last = int(segment_ids[-1])
+    if num_segments is None and last < 0:  # the last id names no segment: it is the one to fix
+        return InvalidArgumentError(f"segment_ids[{len(segment_ids) - 1}] = {last} is negative; segment ids "
+                                    "must be >= 0", reason=Reason.SEGMENT_ID_OUT_OF_RANGE)
     if num_segments is None:  # beyond the last id: the ids decrease somewhere after it
         return InvalidArgumentError(
             f"segment_ids[{i}] = {s} is greater than the last segment id {int(segment_ids[-1])}; "

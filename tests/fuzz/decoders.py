@@ -6,7 +6,7 @@ when its result is small.
 Any exception but a ``SparseServeError`` is a finding (atheris prints the input and exits
 non-zero), and so is a crash or an allocation past ``-rss_limit_mb``.
 ``python tests/fuzz/decoders.py -max_total_time=60 [corpus_dir]``; the test suite runs it for
-a bounded time over a seed corpus (``tests/test_hostile.py``).
+a bounded time over a seed corpus (``tests/server/test_server_hostile.py``).
 """
 
 from __future__ import annotations
