@@ -7,6 +7,7 @@ These places are generated, never edited by hand:
   line of its doc);
 - ``docs/ops.md``, the whole catalogue: every argument with its type, default and doc, every
   output, the op's full doc;
+- in ``docs/gpu.md``, which ops have a GPU kernel and what each takes (its declaration);
 - in ``docs/contract.md``, the error table (from ``sparseserve.core.errors``) and every reason
   with its codes and meaning (from ``sparseserve.core.reasons.Reason``, the enumeration the
   raising code names its reasons from).
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CATALOGUE = ROOT / "docs" / "ops.md"
 CONTRACT = ROOT / "docs" / "contract.md"
+GPU = ROOT / "docs" / "gpu.md"
 # HTTP statuses a code takes besides its class's own.
 _HTTP_NOTES = {"INVALID_ARGUMENT": "400 (422: a body the schema refuses)",
                "RESOURCE_EXHAUSTED": "413 (429: a tenant's quota; 507: the disk tier full)"}
@@ -130,12 +132,32 @@ def _between(text: str, marker: str, body: str, where: str) -> str:
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
+def gpu_table() -> str:
+    """The ops with a GPU kernel, from their declarations (``Registry.gpu``): the layouts each
+    takes per argument, the result dtypes, and what else it leaves to the CPU kernel."""
+    from sparseserve.server.ops import REGISTRY
+
+    rows = ["| op | takes | dtypes | leaves to the CPU |", "|---|---|---|---|"]
+    for op in sorted(REGISTRY, key=lambda o: o.name):
+        kernel = op.kernels.get("cuda")
+        if kernel is None:
+            continue
+        takes = "; ".join(f"`{name}` {', '.join(layouts)}" for name, layouts in kernel.layouts.items())
+        if kernel.matrices:
+            takes += ("; " if takes else "") + f"{', '.join(f'`{m}`' for m in kernel.matrices)} as 2-D matrices"
+        dtypes = ", ".join(kernel.dtypes) if kernel.dtypes else "every dtype the op takes"
+        leaves = " ".join((kernel.declines.__doc__ or "").split()) if kernel.declines else ""
+        rows.append(f"| `{op.name}` | {takes or 'every layout it declares'} | {dtypes} | {leaves or '—'} |")
+    return "\n".join(rows)
+
+
 def expected() -> dict[Path, str]:
     """Each generated file's content as it should be now."""
     catalogue = _catalogue()
     contract = _between(CONTRACT.read_text(), "errors", error_table(), "docs/contract.md")
     return {README: _between(README.read_text(), "ops", op_table(catalogue), "README.md"),
             CATALOGUE: catalogue_page(catalogue),
+            GPU: _between(GPU.read_text(), "gpu", gpu_table(), "docs/gpu.md"),
             CONTRACT: _between(contract, "reasons", reasons_table(), "docs/contract.md")}
 
 

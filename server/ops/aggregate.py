@@ -143,6 +143,7 @@ def mm(mat1: SparseTensor, mat2: np.ndarray, reduce: str = "sum") -> np.ndarray:
 # counts; amax/amin as a per-row maximum of the entries' products (a sort, kernels/arrays.py's
 # group_max). 2-D COO/CSR/CSC in float32/float64 (sum: complex too); the rest run on the CPU.
 def _mm_declines(plan: Plan) -> str | None:
+    """amax, amin and mean of dtypes other than float32/64; sizes past int32 indices."""
     mat1, mat2 = plan.args["mat1"], plan.args["mat2"]
     if plan.args["reduce"] != "sum" and mat1.dtype.name not in agk.COMPUTE_DTYPES:
         return "dtype"  # the sum takes cuSPARSE's dtypes (declared), the reductions only these

@@ -232,8 +232,12 @@ def mul_gpu(be, sp_input: SparseTensor, dense, dtype: np.dtype) -> SparseTensor:
     return _gpu.same_structure(sp_input, out)
 
 
-@REGISTRY.gpu("div", layouts={"sp_input": ("coo",)},
-              declines=lambda plan: "dtype" if plan.args["dtype"].kind == "c" else None)
+def _div_declines(plan: Plan) -> str | None:
+    """Complex quotients (CUDA's round and treat inf/nan otherwise)."""
+    return "dtype" if plan.args["dtype"].kind == "c" else None
+
+
+@REGISTRY.gpu("div", layouts={"sp_input": ("coo",)}, declines=_div_declines)
 @_gpu.quiet
 def div_gpu(be, sp_input: SparseTensor, dense, dtype: np.dtype) -> SparseTensor:
     xp = be.xp
@@ -402,6 +406,7 @@ def _sparse_add(a: SparseTensor, b: SparseTensor, dtype: np.dtype, threshold: fl
 # CPU (|z| is rounded differently by CUDA, and the threshold is a sharp edge). Compressed
 # operands run on the CPU.
 def _add_declines(plan: Plan) -> str | None:
+    """A complex sparse + sparse sum with a threshold (CUDA rounds the magnitude otherwise)."""
     a, b, threshold = plan.args["a"], plan.args["b"], plan.args["threshold"]
     both = isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
     return "dtype" if both and plan.args["dtype"].kind == "c" and threshold > 0 else None
@@ -700,6 +705,8 @@ _GPU_MAP = {"neg": "negative", "abs": "abs", "sign": "sign", "square": "square",
 
 
 def _map_values_declines(plan: Plan) -> str | None:
+    """Complex values under sign, sgn, pow, angle and the analytic functions (CUDA rounds and
+    cuts branches otherwise)."""
     complex_values = plan.args["sp_input"].dtype.kind == "c"
     return "dtype" if complex_values and plan.args["fn"] in ("sign", "sgn", "pow", "angle", *_ANALYTIC) else None
 

@@ -32,7 +32,7 @@ from ..device import Fallback
 from ..registry import REGISTRY, Arg, Output, Plan
 from . import _gpu
 from ._layouts import BatchNseError, as_coo, coalesced_coo, like, view_sparse_ndim
-from ._sputils import index_dtype, layout_of, prod, shape_of
+from ._sputils import index_dtype, layout_of, prod, shape_of, torch_result_type
 
 # PyTorch picks the entry order of a sparse index_select from the sizes and from its thread
 # count (at::get_num_threads()); the order followed here is the one it gives with this many.
@@ -393,44 +393,6 @@ def values_dense_shape(t: SparseTensor) -> tuple[int, ...]:
 
 
 # ------------------------------------------------------------------ multiply
-_CATEGORY = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
-
-
-def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
-    """torch.promote_types: within a category as numpy; across, the higher category wins
-    (float16 * int64 is float16), complex taking the precision of a wider float."""
-    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
-    if ca == cb or {ca, cb} == {2, 3}:
-        return np.result_type(a, b)
-    return a if ca > cb else b
-
-
-def _complex_of(dtype: np.dtype) -> np.dtype:
-    return np.result_type(dtype, np.complex64)
-
-
-def result_type(a, b) -> np.dtype:
-    """torch.result_type of two tensors: a 0-dim dense operand is a scalar whose dtype counts
-    only where its category is higher than the other operand's (int32 * 0-dim float64 is
-    float64, float32 * 0-dim float64 is float32, float32 * 0-dim complex128 is complex64)."""
-    dims = [np.dtype(t.dtype) for t in (a, b) if isinstance(t, SparseTensor) or t.ndim]
-    zeros = [np.dtype(t.dtype) for t in (a, b) if not (isinstance(t, SparseTensor) or t.ndim)]
-    dim = dims[0] if len(dims) == 1 else _promote(*dims)
-    if not zeros:
-        return dim
-    zero = zeros[0]
-    cd, cz = _CATEGORY[dim.kind], _CATEGORY[zero.kind]
-    if cd == 3:
-        return dim
-    if cz == 3:
-        return _complex_of(dim) if cd == 2 else zero
-    if cd == 2:
-        return dim
-    if cd == 0 or cz == 2:
-        return _promote(dim, zero)
-    return dim
-
-
 def _times(x: np.ndarray, y: np.ndarray, dtype: np.dtype) -> np.ndarray:
     with np.errstate(all="ignore"):
         x, y = np.asarray(x).astype(dtype, copy=False), np.asarray(y).astype(dtype, copy=False)
@@ -616,7 +578,7 @@ def check_multiply(a, b) -> Plan:
         shape = _check_sparse_pair(a, b)
     else:
         shape = _check_sparse_dense(*((a, b) if a_sparse else (b, a)))
-    dtype = result_type(a, b)
+    dtype = torch_result_type(a, b)
     layout = "csr" if "csr" in (layout_of(a), layout_of(b)) else "coo"
     return Plan(args={"dtype": dtype}, dtype=dtype, layout=layout, shape=shape)
 

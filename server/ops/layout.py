@@ -148,6 +148,7 @@ def convert(sp_input: SparseTensor, layout: str, blocksize: tuple[int, int] | No
 # (its conversions take five dtypes and leave the order of repeated entries unspecified).
 # Block layouts, batches and dense_dim changes run on the CPU.
 def _convert_declines(plan: Plan) -> str | None:
+    """A dense_dim change, block layouts, batched or hybrid compressed tensors."""
     t, layout, blocksize = plan.args["sp_input"], plan.args["layout"], plan.args["blocksize"]
     if plan.args["dense_dim"] != t.dense_ndim:
         return "dense_dim"

@@ -375,8 +375,7 @@ def matmul(a, b, adjoint_a: bool = False, adjoint_b: bool = False):
 # Batched, hybrid and block operands, other dtypes and sizes past int32 indices (CuPy's sparse
 # matrices) run on the CPU kernel.
 def _matmul_declines(plan: Plan) -> str | None:
-    """Operands past int32 indices (a dimension or an entry count), which CuPy's sparse matrices
-    cannot index."""
+    """Sizes past int32 indices (a dimension or an entry count: CuPy's sparse matrices)."""
     for t in (plan.args["a"], plan.args["b"]):
         count = t.nnz if isinstance(t, SparseTensor) else 0
         if max(shape_of(t), default=0) > INT32_MAX or count > INT32_MAX:

@@ -225,6 +225,7 @@ def reduce_max(sp_input: SparseTensor, axis: list[int], reduction: _ReducePlan, 
 # sort by (output key, value) (``arrays.group_max``). Block and batched compressed tensors (and
 # compressed ones with dense dimensions) run on the CPU.
 def _reduce_declines(plan: Plan) -> str | None:
+    """Compressed tensors other than plain 2-D CSR and CSC matrices."""
     t = plan.args["sp_input"]
     return None if t.layout == "coo" else not_a_matrix(t)
 

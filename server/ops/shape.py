@@ -181,6 +181,7 @@ def transpose(sp_input: SparseTensor, perm: list[int]) -> SparseTensor:
 # (no index moves), value axes permuted on the device. A compressed tensor whose batch dimension
 # moves needs its COO form re-sorted: that runs on the CPU ("batched").
 def _transpose_declines(plan: Plan) -> str | None:
+    """A compressed tensor whose batch dimensions move."""
     t, perm = plan.args["sp_input"], plan.args["perm"]
     return "batched" if t.layout != "coo" and _swaps_layout(t, perm) is None else None
 
