@@ -44,6 +44,7 @@ class ServerConfig:
     batch_window_ms: float = 0.0  # 0: server-side batching off
     max_batch: int = 64
     allow_shared_memory: bool = False  # off: RegisterSegment, PutShared and GetShared are refused
+    warm_up: bool = True  # off: ready at once, each kernel loaded on its first call
     shm_ttl: float = 60.0
     workers: int = 0  # 0: one per CPU core
     log_level: str = "info"
@@ -118,6 +119,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "batch_window_ms": (float, "merge concurrent small calls to the same batchable op arriving within this "
                                "many milliseconds into one kernel call (0: off)"),
     "max_batch": (int, "most calls merged into one batch"),
+    "warm_up": (bool, "load every kernel (from numba's disk cache, compiling what it lacks) before reporting "
+                      "ready, so that no request waits on a compile; --no-warm-up: ready at once, each kernel "
+                      "loaded on its first call (development and tests, where the cache is warm)"),
     "allow_shared_memory": (bool, "allow same-host transfers through POSIX shared memory (the SDK's put "
                                   "and get with shared_memory=True, for clients under the server's user); "
                                   "off, they are refused"),

@@ -206,12 +206,13 @@ class Service:
 
     def warm_up(self) -> None:
         """Compile (or load from numba's disk cache) every kernel, and on a GPU worker the GPU
-        kernels' CuPy code too, then report ready."""
+        kernels' CuPy code too, then report ready (at once with --no-warm-up)."""
         from sparseserve import kernels
 
-        kernels.warm_up()  # a GPU worker falls back to them
-        if self.backend is not None:
-            self.backend.warm_up(self.registry)
+        if self.config.warm_up:
+            kernels.warm_up()  # a GPU worker falls back to them
+            if self.backend is not None:
+                self.backend.warm_up(self.registry)
         self.ready = True
 
     def close(self) -> None:

@@ -132,13 +132,19 @@ def pytest_sessionfinish(session):
 
 
 class ServerProcess:
-    """``sparseserve serve`` in a child process; ports are read from its "listening" line."""
+    """``sparseserve serve`` in a child process; ports are read from its "listening" line.
+
+    Started with ``--no-warm-up`` unless the flags say ``--warm-up``: a server loads its kernels
+    from the numba cache pytest_sessionstart filled as its calls first need them, rather than all
+    of them (about 4 s of a core per server, some 60 servers a run) before it is ready. The tests
+    of warming up and readiness ask for the warm-up."""
 
     def __init__(self, *flags: str, env: dict[str, str] | None = None, wait_ready: bool = True,
                  timeout: float = 120.0,  # kernels load from the cache pytest_sessionstart fills
                  wait: bool = True):  # False: started(...) waits for it later
+        warm_up = () if {"--warm-up", "--no-warm-up"} & set(flags) else ("--no-warm-up",)
         cmd = [sys.executable, "-m", "sparseserve.cli", "serve", "--grpc-port", "0", "--http-port", "0",
-               "--log-level", "warning", *flags]
+               "--log-level", "warning", *warm_up, *flags]
         self.events: list[dict] = []
         self.stderr_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"sparseserve-{os.getpid()}-{id(self)}.log"
         self._stderr = open(self.stderr_path, "wb")

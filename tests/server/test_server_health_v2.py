@@ -51,7 +51,7 @@ def warming(tmp_path_factory):
     """A server with --token that is up but not ready: with an empty numba cache its warm-up
     compiles every kernel, which takes minutes; the tests run in its first seconds."""
     cold_cache = tmp_path_factory.mktemp("cold-numba-cache")
-    srv = ServerProcess("--token", TOKEN, env={"NUMBA_CACHE_DIR": str(cold_cache)}, wait_ready=False)
+    srv = ServerProcess("--token", TOKEN, "--warm-up", env={"NUMBA_CACHE_DIR": str(cold_cache)}, wait_ready=False)
     yield srv
     srv.stop(signal.SIGKILL)  # a clean stop would wait for the compile to finish
 
