@@ -8,8 +8,6 @@ parallel paths, and every op over every wire."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,53 +238,6 @@ def test_slice_past_the_end_is_clipped_not_an_error():
     out = run("slice", sp_input=sp, start=[0, 0], size=[0, 4])
     assert out.dense_shape == (0, 4) and out.nnz == 0
 
-
-def oracle():
-    """tests/oracle/_oracle.py: TensorFlow (imported once per run) and the conversions to it."""
-    folder = str(Path(__file__).resolve().parent.parent / "oracle")
-    if folder not in sys.path:
-        sys.path.append(folder)
-    import _oracle
-
-    return _oracle
-
-
-def test_slice_with_a_negative_start_as_tensorflow():
-    """Issue 35, found by TensorFlow's own tests: entries are shifted by start, a negative one
-    included, and the box is clipped at the end of each dimension only."""
-    o = oracle()
-    one = SparseTensor(indices=[[0, 0]], values=np.array([1.0]), dense_shape=[1, 1])
-    out = run("slice", sp_input=one, start=[0, -1], size=[1, 2])
-    assert out.indices.tolist() == [[0, 1]] and out.dense_shape == (1, 2) and out.values.tolist() == [1.0]
-    assert_eq(out, o.tf().sparse.slice(o.to_tf(one), [0, -1], [1, 2]), exact=True)
-    sp = SparseTensor(indices=[[0, 1], [2, 3], [0, 1]], values=np.array([1.0, 2.0, 3.0]), dense_shape=[3, 4])
-    for start, size in [([-1, -1], [3, 3]), ([-5, -5], [3, 3]), ([-5, -5], [100, 100]), ([0, -3], [1, 2]),
-                        ([0, -3], [3, 6]), ([7, -2], [3, 4]), ([-2, 0], [0, 4]), ([2, -1], [9, 0])]:
-        want = o.tf().sparse.slice(o.to_tf(sp), start, size)
-        assert_eq(run("slice", sp_input=sp, start=start, size=size), want, exact=True)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.data(), coo_tensors(hybrid=False))
-def test_slice_with_negative_starts_matches_tensorflow(data, t):
-    """Random starts from before the first index to past the end, sizes from 0 to past the end."""
-    o = oracle()
-    start = [data.draw(st.integers(-d - 3, d + 2)) for d in t.dense_shape]
-    size = [data.draw(st.integers(0, 2 * d + 4)) for d in t.dense_shape]
-    want = o.tf().sparse.slice(o.to_tf(t), start, size)
-    assert_eq(run("slice", sp_input=t, start=start, size=size), want, exact=True)
-
-
-def test_slice_whose_shape_overflows_is_refused_as_by_tensorflow():
-    o = oracle()
-    sp = SparseTensor(indices=[[0, 1], [2, 3]], values=np.array([1.0, 2.0]), dense_shape=[3, 4])
-    start, size = [-(1 << 62), 0], [(1 << 62) + 2, 4]  # a slice of [2**62 + 2, 4]: past int64
-    with pytest.raises(o.tf().errors.InvalidArgumentError):
-        o.tf().sparse.slice(o.to_tf(sp), start, size)
-    raises(InvalidArgumentError, "SHAPE_OVERFLOW", "slice", sp_input=sp, start=start, size=size)
-    # Far before the first index and within int64: every entry is outside the box.
-    out = run("slice", sp_input=sp, start=[-(1 << 70), 0], size=[5, 4])
-    assert out.nnz == 0 and out.dense_shape == (5, 4)
 
 
 @SETTINGS

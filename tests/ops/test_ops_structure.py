@@ -7,8 +7,6 @@ answer on the tensor's COO view (``_compressed.py``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -305,34 +303,6 @@ def test_concat_errors(inputs, axis, reason):
                for s, d in inputs]
     raises(InvalidArgumentError, reason, "concat", axis=axis, sp_inputs=tensors)
 
-
-def oracle():
-    """tests/oracle/_oracle.py: TensorFlow (imported once per run) and the conversions to it."""
-    folder = str(Path(__file__).resolve().parent.parent / "oracle")
-    if folder not in sys.path:
-        sys.path.append(folder)
-    import _oracle
-
-    return _oracle
-
-
-def test_concat_of_one_input_comes_back_as_it_is_whatever_the_axis():
-    """Issue 35, found by TensorFlow's own tests: tf.sparse.concat(2000, [st]) is st, with or
-    without expand_nonconcat_dims; several inputs need an axis in range."""
-    o = oracle()
-    t = SparseTensor(indices=[[1, 2], [0, 1]], values=np.array([1.0, 2.0]), dense_shape=[3, 4])  # unsorted
-    for axis in (2000, -2000, 2, -3, 1, -1, 0):
-        for expand in (False, True):
-            want = o.tf().sparse.concat(axis, [o.to_tf(t)], expand_nonconcat_dims=expand)
-            got = run("concat", axis=axis, sp_inputs=[t], expand_nonconcat_dims=expand)
-            assert_eq(got, want, exact=True)
-            assert got.indices.tolist() == [[1, 2], [0, 1]]  # not re-sorted
-    with pytest.raises(o.tf().errors.InvalidArgumentError):
-        o.tf().sparse.concat(2000, [o.to_tf(t), o.to_tf(t)])
-    raises(InvalidArgumentError, "AXIS_OUT_OF_RANGE", "concat", axis=2000, sp_inputs=[t, t])
-    csr = SparseTensor(layout="csr", compressed_indices=[0, 1, 1], plain_indices=[2], values=np.array([5.0]),
-                       dense_shape=[2, 3])
-    assert_eq(run("concat", axis=7, sp_inputs=[csr]), csr, exact=True)
 
 
 def test_concat_sparse_key_overflow_with_empty_dense_dim():

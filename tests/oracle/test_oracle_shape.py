@@ -12,13 +12,15 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _oracle import (COMPRESSED, TF_SETTINGS, check, declared_layouts, from_torch, nonzero_values, run, tf, to_tf,
                      to_torch, torch_convert)
+from conftest import op_raises as refused
 from helpers import assert_eq
 from strategies import coo_tensors
+from sparseserve import InvalidArgumentError, SparseTensor
 
 # ==================================================================== transpose
 @TF_SETTINGS
@@ -101,3 +103,39 @@ def test_transpose_compressed_matches_torch(layout):
             continue
         want = from_torch(tx.transpose(d0, d1))
         assert_eq(got, want, what=f"transpose {layout} {shape}")
+
+
+# ================================ found by TensorFlow's own tests (issue 35)
+def test_slice_with_a_negative_start_as_tensorflow():
+    """Issue 35, found by TensorFlow's own tests: entries are shifted by start, a negative one
+    included, and the box is clipped at the end of each dimension only."""
+    one = SparseTensor(indices=[[0, 0]], values=np.array([1.0]), dense_shape=[1, 1])
+    out = run("slice", sp_input=one, start=[0, -1], size=[1, 2])
+    assert out.indices.tolist() == [[0, 1]] and out.dense_shape == (1, 2) and out.values.tolist() == [1.0]
+    assert_eq(out, tf().sparse.slice(to_tf(one), [0, -1], [1, 2]), exact=True)
+    sp = SparseTensor(indices=[[0, 1], [2, 3], [0, 1]], values=np.array([1.0, 2.0, 3.0]), dense_shape=[3, 4])
+    for start, size in [([-1, -1], [3, 3]), ([-5, -5], [3, 3]), ([-5, -5], [100, 100]), ([0, -3], [1, 2]),
+                        ([0, -3], [3, 6]), ([7, -2], [3, 4]), ([-2, 0], [0, 4]), ([2, -1], [9, 0])]:
+        want = tf().sparse.slice(to_tf(sp), start, size)
+        assert_eq(run("slice", sp_input=sp, start=start, size=size), want, exact=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), coo_tensors(hybrid=False))
+def test_slice_with_negative_starts_matches_tensorflow(data, t):
+    """Random starts from before the first index to past the end, sizes from 0 to past the end."""
+    start = [data.draw(st.integers(-d - 3, d + 2)) for d in t.dense_shape]
+    size = [data.draw(st.integers(0, 2 * d + 4)) for d in t.dense_shape]
+    want = tf().sparse.slice(to_tf(t), start, size)
+    assert_eq(run("slice", sp_input=t, start=start, size=size), want, exact=True)
+
+
+def test_slice_whose_shape_overflows_is_refused_as_by_tensorflow():
+    sp = SparseTensor(indices=[[0, 1], [2, 3]], values=np.array([1.0, 2.0]), dense_shape=[3, 4])
+    start, size = [-(1 << 62), 0], [(1 << 62) + 2, 4]  # a slice of [2**62 + 2, 4]: past int64
+    with pytest.raises(tf().errors.InvalidArgumentError):
+        tf().sparse.slice(to_tf(sp), start, size)
+    refused(InvalidArgumentError, "SHAPE_OVERFLOW", "slice", sp_input=sp, start=start, size=size)
+    # Far before the first index and within int64: every entry is outside the box.
+    out = run("slice", sp_input=sp, start=[-(1 << 70), 0], size=[5, 4])
+    assert out.nnz == 0 and out.dense_shape == (5, 4)

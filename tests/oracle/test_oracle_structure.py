@@ -22,16 +22,17 @@ Deliberate differences (named where they are tested):
 
 from __future__ import annotations
 
-
 import numpy as np
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from _oracle import (COMPRESSED_SETTINGS, INTS, TF_DTYPES, TF_SETTINGS, TORCH_DTYPES, TORCH_SETTINGS, check, from_tf,
                      from_torch, ours_refuse, run, scalars, shapes, tf, tf_scalar, to_tf, to_torch, torch, torch_sparse)
+from conftest import op_raises as refused
 from helpers import assert_eq
 from strategies import coo_tensors, random_values
-from sparseserve import SparseTensor
+from sparseserve import InvalidArgumentError, SparseTensor
 
 
 def same_sparse_up_to_ties(got, want, **kw):
@@ -277,3 +278,22 @@ def test_select_copy_of_bsr(x, data):
     got = run("select", sp_input=ours, index=index)
     w = want.coalesce()
     assert_eq(got, from_torch(w))
+
+
+# ================================ found by TensorFlow's own tests (issue 35)
+def test_concat_of_one_input_comes_back_as_it_is_whatever_the_axis():
+    """Issue 35, found by TensorFlow's own tests: tf.sparse.concat(2000, [st]) is st, with or
+    without expand_nonconcat_dims; several inputs need an axis in range."""
+    t = SparseTensor(indices=[[1, 2], [0, 1]], values=np.array([1.0, 2.0]), dense_shape=[3, 4])  # unsorted
+    for axis in (2000, -2000, 2, -3, 1, -1, 0):
+        for expand in (False, True):
+            want = tf().sparse.concat(axis, [to_tf(t)], expand_nonconcat_dims=expand)
+            got = run("concat", axis=axis, sp_inputs=[t], expand_nonconcat_dims=expand)
+            assert_eq(got, want, exact=True)
+            assert got.indices.tolist() == [[1, 2], [0, 1]]  # not re-sorted
+    with pytest.raises(tf().errors.InvalidArgumentError):
+        tf().sparse.concat(2000, [to_tf(t), to_tf(t)])
+    refused(InvalidArgumentError, "AXIS_OUT_OF_RANGE", "concat", axis=2000, sp_inputs=[t, t])
+    csr = SparseTensor(layout="csr", compressed_indices=[0, 1, 1], plain_indices=[2], values=np.array([5.0]),
+                       dense_shape=[2, 3])
+    assert_eq(run("concat", axis=7, sp_inputs=[csr]), csr, exact=True)
