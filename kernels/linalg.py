@@ -73,8 +73,10 @@ def prefetch(typingctx, arr, i):
     return types.void(arr, i), codegen
 
 
-# Summation order may be reassociated (4 independent accumulators, vector loads), as
-# every BLAS does; NaN and inf keep their IEEE meaning (no 'nnan'/'ninf').
+# Summation order may be reassociated (independent accumulators, vector loads), as every BLAS
+# does; NaN and inf keep their IEEE meaning (no 'nnan'/'ninf'). Only where a result may depend on
+# the CPU's vector width: the SpMV the solvers iterate with (spmv_rows) takes no flags, so that
+# its row sums are the same bits on every machine (kernels/solvers.py).
 FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
@@ -90,8 +92,10 @@ def balanced_bounds(ptr: np.ndarray, n_chunks: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ gather: y = M @ x
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def spmv_rows(ptr, idx, vals, x, y, lo, hi):
+    """Rows lo..hi of y = M @ x, each row summed left to right (no fastmath: the same bits on
+    every CPU; bench/solvers.py measured it no slower, the loop being bound by x's gathers)."""
     end = U(ptr[hi]) if hi > lo else U(0)
     ahead = U(PREFETCH_AHEAD)
     for i in range(lo, hi):

@@ -8,6 +8,12 @@ pass over the vectors, where scipy makes eight. Every sum is taken over fixed bl
 ``BLOCK`` elements, then the blocks' sums added in order (numpy's pairwise sum): the answer, and
 so the iteration count, does not depend on how many threads ran the blocks (below
 ``PARALLEL_MIN`` everything runs in the calling thread, with the same blocks).
+
+Nor on the CPU: these kernels are compiled without fastmath flags, so no compiler may reorder a
+sum or fuse a multiply-add, and a block's sum is written as four interleaved lanes (element i in
+lane i % 4, added as (l0 + l1) + (l2 + l3)) that the vectoriser keeps in registers whatever their
+width: AVX2 and AVX-512 machines give the same bits (tests/kernels/test_kernels_same_bits.py
+compiles them for both). bench/solvers.py measured the lanes as fast as the reassociated loop.
 Values float32 or float64; the caller validates; nothing here raises.
 """
 
@@ -18,10 +24,10 @@ from numba import njit, prange
 
 from ._parallel import PARALLEL_LOCK, PARALLEL_MIN
 from ._sort import frozen
-from .linalg import FAST, N_GATHER_CHUNKS, U, balanced_bounds, spmv_par, spmv_rows
+from .linalg import N_GATHER_CHUNKS, U, balanced_bounds, spmv_par, spmv_rows
 
-__all__ = ["Csr", "BicgVectors", "spmv_dot", "spmv_dots", "blocked_dot", "blocked_dots", "spmv_into", "cg_update",
-           "cg_direction", "diagonal", "ilu0", "ilu0_solve", "warm_up"]
+__all__ = ["Csr", "BicgVectors", "spmv_dot", "spmv_dot_lockstep", "spmv_dots", "blocked_dot", "blocked_dots",
+           "spmv_into", "cg_update", "cg_direction", "diagonal", "ilu0", "ilu0_solve", "warm_up"]
 
 BLOCK = 4096  # elements a partial sum covers
 
@@ -98,7 +104,7 @@ def pack(ptr: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray
     return ptr, frozen(offsets), frozen(codes), frozen(table[:count].view(vals.dtype))
 
 
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def packed_rows(ptr, offsets, codes, table, x, y, lo, hi):
     """``spmv_rows`` over packed entries (no prefetch: the columns are near the rows)."""
     for i in range(lo, hi):
@@ -119,12 +125,20 @@ def n_blocks(n: int) -> int:
 
 
 # ------------------------------------------------------------------ SpMV (+ the dot it feeds)
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def _dot_range(x, y, lo, hi):
-    acc = 0.0
-    for i in range(U(lo), U(hi)):
-        acc += x[i] * y[i]
-    return acc
+    """x . y over [lo, hi) in four lanes (see the module's docstring)."""
+    s0 = s1 = s2 = s3 = 0.0
+    i, end = U(lo), U(lo) + (U(hi) - U(lo)) // U(4) * U(4)
+    while i < end:
+        s0 += x[i] * y[i]
+        s1 += x[i + 1] * y[i + 1]
+        s2 += x[i + 2] * y[i + 2]
+        s3 += x[i + 3] * y[i + 3]
+        i += U(4)
+    for j in range(i, U(hi)):
+        s0 += x[j] * y[j]
+    return (s0 + s1) + (s2 + s3)
 
 
 @njit(nogil=True, cache=True)
@@ -177,19 +191,79 @@ def spmv_into(a: Csr, x: np.ndarray, y: np.ndarray) -> None:
             _packed_par(*a.packed, x, y, a.bounds)
 
 
+@njit(nogil=True, cache=True, parallel=True)
+def _lockstep_par(ptr, idx, vals, x, y, live, bounds, partial):
+    for c in prange(bounds.size - 1):
+        for lo in range(bounds[c], bounds[c + 1], BLOCK):  # a block of A's rows, in cache for every vector
+            hi = min(bounds[c + 1], lo + BLOCK)
+            for j in live:
+                spmv_rows(ptr, idx, vals, x[j], y[j], lo, hi)
+                _dot_blocks(x[j], y[j], lo, hi, partial[j])
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _packed_lockstep_par(ptr, offsets, codes, table, x, y, live, bounds, partial):
+    for c in prange(bounds.size - 1):
+        for lo in range(bounds[c], bounds[c + 1], BLOCK):
+            hi = min(bounds[c + 1], lo + BLOCK)
+            for j in live:
+                packed_rows(ptr, offsets, codes, table, x[j], y[j], lo, hi)
+                _dot_blocks(x[j], y[j], lo, hi, partial[j])
+
+
+def spmv_dot_lockstep(a: Csr, x: np.ndarray, y: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """``spmv_dot`` for the vectors ``live`` of a block x [k, n] at once (y [k, n] written for
+    them): A's rows read once for all, each product and dot the bits ``spmv_dot`` gives alone.
+    Returns the k dots (0 where not live)."""
+    partial = np.zeros((x.shape[0], n_blocks(a.n)))
+    x = frozen(x)
+    if not a.parallel:
+        for j in live:
+            spmv_rows(a.ptr, a.idx, a.vals, x[j], y[j], 0, a.n)
+            _dot_blocks(x[j], y[j], 0, a.n, partial[j])
+    else:
+        with PARALLEL_LOCK:
+            if a.packed is None:
+                _lockstep_par(a.ptr, a.idx, a.vals, x, y, live, a.bounds, partial)
+            else:
+                _packed_lockstep_par(*a.packed, x, y, live, a.bounds, partial)
+    return np.array([row.sum() for row in partial])  # each as spmv_dot sums its partials
+
+
 # ------------------------------------------------------------------ conjugate gradients
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True, inline="always")
+def _cg_update_at(x, r, p, q, dinv, alpha, mode, i):
+    """x[i] += alpha p[i], r[i] -= alpha q[i]; returns (r[i]^2, r[i]^2 dinv[i] or 0)."""
+    x[i] += alpha * p[i]
+    ri = r[i] - alpha * q[i]
+    r[i] = ri
+    rr = ri * ri
+    return rr, rr * dinv[i] if mode == 1 else 0.0
+
+
+@njit(nogil=True, cache=True)
 def _cg_update_range(x, r, p, q, dinv, alpha, mode, lo, hi):
-    rr = 0.0
-    rz = 0.0
-    for i in range(U(lo), U(hi)):
-        x[i] += alpha * p[i]
-        ri = r[i] - alpha * q[i]
-        r[i] = ri
-        rr += ri * ri
-        if mode == 1:
-            rz += ri * ri * dinv[i]
-    return rr, rz
+    rr0 = rr1 = rr2 = rr3 = rz0 = rz1 = rz2 = rz3 = 0.0  # four lanes of each sum
+    i, end = U(lo), U(lo) + (U(hi) - U(lo)) // U(4) * U(4)
+    while i < end:
+        a, b = _cg_update_at(x, r, p, q, dinv, alpha, mode, i)
+        rr0 += a
+        rz0 += b
+        a, b = _cg_update_at(x, r, p, q, dinv, alpha, mode, i + 1)
+        rr1 += a
+        rz1 += b
+        a, b = _cg_update_at(x, r, p, q, dinv, alpha, mode, i + 2)
+        rr2 += a
+        rz2 += b
+        a, b = _cg_update_at(x, r, p, q, dinv, alpha, mode, i + 3)
+        rr3 += a
+        rz3 += b
+        i += U(4)
+    for j in range(i, U(hi)):
+        a, b = _cg_update_at(x, r, p, q, dinv, alpha, mode, j)
+        rr0 += a
+        rz0 += b
+    return (rr0 + rr1) + (rr2 + rr3), (rz0 + rz1) + (rz2 + rz3)
 
 
 @njit(nogil=True, cache=True, parallel=True)
@@ -223,7 +297,7 @@ def cg_update(x, r, p, q, dinv, alpha: float, mode: int) -> tuple[float, float]:
     return float(rr), float(rz)
 
 
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def _cg_direction_range(p, r, w, beta, mode, lo, hi):
     for i in range(U(lo), U(hi)):
         if mode == 0:
@@ -251,14 +325,10 @@ def cg_direction(p, r, w, beta: float, mode: int) -> None:
 
 
 # ------------------------------------------------------------------ BiCGSTAB
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def _dots_range(u, y, lo, hi):
-    uy = 0.0
-    yy = 0.0
-    for i in range(U(lo), U(hi)):
-        uy += u[i] * y[i]
-        yy += y[i] * y[i]
-    return uy, yy
+    """(u . y, y . y) over [lo, hi) in four lanes each."""
+    return _dot_range(u, y, lo, hi), _dot_range(y, y, lo, hi)
 
 
 @njit(nogil=True, cache=True)
@@ -316,7 +386,7 @@ def blocked_dots(u: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(uy), float(yy)
 
 
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi):
     for i in range(U(lo), U(hi)):
         pi = r[i] if first else (p[i] - omega * v[i]) * beta + r[i]
@@ -325,29 +395,22 @@ def _bicg_direction_range(p, r, v, dinv, phat, beta, omega, first, mode, lo, hi)
             phat[i] = dinv[i] * pi
 
 
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def _bicg_half_range(r, v, dinv, shat, alpha, mode, lo, hi):
-    ss = 0.0
     for i in range(U(lo), U(hi)):
         ri = r[i] - alpha * v[i]
         r[i] = ri
-        ss += ri * ri
         if mode == 1:
             shat[i] = dinv[i] * ri
-    return ss
+    return _dot_range(r, r, lo, hi)  # the block again, from L1
 
 
-@njit(nogil=True, cache=True, fastmath=FAST)
+@njit(nogil=True, cache=True)
 def _bicg_update_range(x, r, t, rtilde, phat, shat, alpha, omega, lo, hi):
-    rr = 0.0
-    rho = 0.0
     for i in range(U(lo), U(hi)):
         x[i] += alpha * phat[i] + omega * shat[i]
-        ri = r[i] - omega * t[i]
-        r[i] = ri
-        rr += ri * ri
-        rho += rtilde[i] * ri
-    return rr, rho
+        r[i] = r[i] - omega * t[i]
+    return _dots_range(rtilde, r, lo, hi)[::-1]  # (r . r, rtilde . r), the block again from L1
 
 
 @njit(nogil=True, cache=True)
