@@ -12,8 +12,16 @@ matrix in the same run: milliseconds per iteration, each measured as the differe
 solves of two fixed iteration counts (rtol 0, so both run to maxiter), so what a solve pays once
 (the blocks' actors made, the last residual) is apart; answers checked equal first.
 
+And multigrid, the issue's question (time to answer): cg with ``preconditioner="amg"`` to rtol 1e-8
+through a real server with the matrix held by handle, its first solve (the hierarchy built, then
+kept with the handle) against scipy's cg with Jacobi in process and against pyamg's
+``smoothed_aggregation_solver(A).solve(b, tol=1e-8, accel="cg")`` in process, setup and solve; and
+a later solve (the hierarchy kept) against pyamg's solve phase alone. The iteration counts are
+checked within 10% of pyamg's and the answers against its.
+
 ``python -m bench.solvers --scale 0.25`` for a quicker run (a 500 x 500 grid);
-``--partitioned-only`` runs the partitioned comparison alone and records nothing.
+``--partitioned-only`` runs the partitioned comparison alone and records nothing; ``--amg-only``
+runs the multigrid comparison alone (printed, not recorded).
 """
 
 from __future__ import annotations
@@ -77,12 +85,17 @@ def ours_cg(t: SparseTensor, b):
 
 
 def run(scale: float = 1.0, repeat: int = 1, service: bool = True, partitions: int = 2,
-        partitioned_only: bool = False) -> None:
+        partitioned_only: bool = False, amg_only: bool = False) -> None:
     k = max(10, int(round(1000 * math.sqrt(scale))))
     a = poisson(k)
     t = tensor_of(a)
     n = a.shape[0]
     b = np.ones(n)
+    if amg_only:
+        start = time.perf_counter()
+        _, info, its_scipy = scipy_cg(a, b)
+        _report_amg(k, _amg(a, t, b, repeat), time.perf_counter() - start, its_scipy)
+        return
     spread = _partitioned_per_iteration(t, b, partitions, repeat) if partitions else {}
     if spread:
         _report_partitioned(k, spread)
@@ -115,7 +128,77 @@ def run(scale: float = 1.0, repeat: int = 1, service: bool = True, partitions: i
                 c.delete(handle)
     else:
         best = best_of_each(contenders, repeat, warm_up=False)
-    _report(k, n, a.nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service, spread)
+    amg = _amg(a, t, b, repeat) if service else {}
+    _report(k, n, a.nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service, spread, amg)
+
+
+# ------------------------------------------------------------------ multigrid: the time to answer
+def _amg(a, t: SparseTensor, b: np.ndarray, repeat: int) -> dict[str, Any]:
+    """Seconds of pyamg's setup and solve in process, and of our first solve (hierarchy built)
+    and a later one (hierarchy kept) through a real server with the matrix held by handle, each
+    the best of ``repeat`` (a fresh handle for each first solve); iteration counts and answers
+    checked against pyamg's."""
+    import pyamg
+
+    from sparseserve import Client
+
+    from ._server import BenchServer
+
+    residuals: list[float] = []
+    ml = pyamg.smoothed_aggregation_solver(a)
+    x_pyamg = ml.solve(b, tol=RTOL, accel="cg", residuals=residuals)
+    its_pyamg = len(residuals) - 1
+    best = best_of_each({"pyamg setup": lambda: pyamg.smoothed_aggregation_solver(a),
+                         "pyamg solve": lambda: ml.solve(b, tol=RTOL, accel="cg")}, repeat, warm_up=False)
+    figures: dict[str, Any] = {"pyamg setup": best["pyamg setup"], "pyamg solve": best["pyamg solve"],
+                               "pyamg iterations": its_pyamg, "levels": [lv.A.shape[0] for lv in ml.levels],
+                               "operator complexity": ml.operator_complexity()}
+    room = str(2 * t.nbytes + (64 << 20))
+    with BenchServer("--max-request-bytes", room, "--store-bytes", str(8 * t.nbytes)) as server, \
+            Client(server.grpc_target, timeout=3600) as c:
+        small = tensor_of(poisson(64))  # pyamg imported and every kernel loaded before the clock runs
+        c.cg(small, np.ones(64 * 64), rtol=RTOL, preconditioner="amg")
+        first = later = math.inf
+        for _ in range(repeat):
+            handle = c.put(t)
+            try:
+                for solve in ("first", "later"):
+                    start = time.perf_counter()
+                    x, info, iterations, _ = c.cg(handle, b, rtol=RTOL, preconditioner="amg")
+                    seconds = time.perf_counter() - start
+                    if solve == "first":
+                        first = min(first, seconds)
+                    else:
+                        later = min(later, seconds)
+                    assert int(info) == 0 and abs(int(iterations) - its_pyamg) <= max(1, 0.1 * its_pyamg), \
+                        (int(iterations), its_pyamg)
+                    assert np.linalg.norm(x - x_pyamg) <= 1e-6 * np.linalg.norm(x_pyamg)
+            finally:
+                c.delete(handle)
+    figures.update({"first": first, "later": later, "iterations": int(iterations)})
+    return figures
+
+
+def _report_amg(k: int, amg: dict[str, Any], scipy_jacobi: float, its_jacobi: int) -> list[dict[str, Any]]:
+    """The multigrid table, printed; its rows for the results file."""
+    pyamg_total = amg["pyamg setup"] + amg["pyamg solve"]
+    print(f"\nmultigrid, Poisson {k} x {k}, rtol {RTOL:g}: pyamg's hierarchy {amg['levels']} (operator complexity "
+          f"{amg['operator complexity']:.3f}); iterations: cg + AMG ours {amg['iterations']}, pyamg "
+          f"{amg['pyamg iterations']}; cg + Jacobi {its_jacobi}\n")
+    print("| solve | seconds | ours (first solve) is | target |")
+    print("|---|---|---|---|")
+    print(f"| scipy cg + Jacobi, in process | {scipy_jacobi:.3f} | {scipy_jacobi / amg['first']:.1f}x faster | 10x |")
+    print(f"| pyamg setup + solve (accel='cg'), in process | {pyamg_total:.3f} "
+          f"(setup {amg['pyamg setup']:.3f}) | {pyamg_total / amg['first']:.2f}x faster | 1.5x |")
+    print(f"| ours: c.cg(handle, b, preconditioner='amg'), first solve (hierarchy built) | {amg['first']:.3f} | | |")
+    print(f"| ours: later solve (hierarchy kept) | {amg['later']:.3f} | {amg['pyamg solve'] / amg['later']:.2f}x "
+          f"pyamg's solve phase ({amg['pyamg solve']:.3f} s) | 2x |")
+    sizes = {"n": k * k, "iterations": amg["iterations"]}
+    first_case = f"cg + AMG, Poisson {k}^2, first solve (hierarchy built), c.cg(handle) over gRPC"
+    return [figure(first_case, amg["first"], "scipy cg + Jacobi", scipy_jacobi, sizes=sizes),
+            figure(first_case, amg["first"], "pyamg setup + solve", pyamg_total, sizes=sizes),
+            figure(f"cg + AMG, Poisson {k}^2, later solve (hierarchy kept), c.cg(handle) over gRPC", amg["later"],
+                   "pyamg solve", amg["pyamg solve"], sizes=sizes)]
 
 
 def _partitioned_per_iteration(t: SparseTensor, b: np.ndarray, partitions: int, repeat: int) -> dict[str, Any]:
@@ -187,7 +270,7 @@ def _through_linear_operator(c, handle, a, b, iterations: int) -> float:
     return seconds
 
 
-def _report(k, n, nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service, spread) -> None:
+def _report(k, n, nnz, its_ours, its_scipy, best, server_figures, scale, repeat, service, spread, amg) -> None:
     print(f"\n{datetime.date.today()} on {platform.machine()} with {os.cpu_count()} cores, "
           f"{platform.python_implementation()} {platform.python_version()}; cg + Jacobi, 2-D Poisson {k} x {k} "
           f"({n:,} unknowns, {nnz:,} entries), rtol {RTOL:g}; iterations: ours {its_ours}, scipy {its_scipy}\n")
@@ -216,11 +299,16 @@ def _report(k, n, nnz, its_ours, its_scipy, best, server_figures, scale, repeat,
         figures.append(figure(f"cg iteration, Poisson {k}^2, partitioned ({spread['partitions']} blocks, 2 Dask "
                               "workers), Service.execute", spread["partitioned"], "the same on one node",
                               spread["single"], sizes={"n": n, "partitions": int(spread["partitions"])}))
+    if amg:
+        figures.extend(_report_amg(k, amg, best["scipy"], its_scipy))
     record("solvers", figures, about="cg with Jacobi to rtol 1e-8 on the 2-D Poisson matrix, float64 CSR with "
            "int32 indices: the op in process and over gRPC with the matrix held by handle, against scipy's cg "
            "in process (same iterations, within one); scipy's cg on aslinearoperator(handle), a round trip per "
-           "product; and "
-           "per iteration, the matrix partitioned over 2 Dask worker processes against one node",
+           "product; "
+           "per iteration, the matrix partitioned over 2 Dask worker processes against one node; and cg with "
+           "preconditioner='amg' over gRPC, the matrix held by handle, its first solve (hierarchy built) against "
+           "scipy's cg + Jacobi and pyamg's setup + solve (accel='cg') in process, a later solve against pyamg's "
+           "solve phase",
            scale=scale, repeat=repeat, service=service)
 
 
@@ -232,8 +320,10 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2, help="blocks of the partitioned cg (0: skip it)")
     parser.add_argument("--partitioned-only", action="store_true",
                         help="only the partitioned cg against one node, printed, not recorded")
+    parser.add_argument("--amg-only", action="store_true",
+                        help="only multigrid against scipy's cg + Jacobi and pyamg, printed, not recorded")
     args = parser.parse_args()
-    run(args.scale, args.repeat, not args.no_service, args.partitions, args.partitioned_only)
+    run(args.scale, args.repeat, not args.no_service, args.partitions, args.partitioned_only, args.amg_only)
 
 
 if __name__ == "__main__":

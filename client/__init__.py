@@ -12,8 +12,8 @@ from ._malloc import keep_transfer_buffers
 from ._pipeline import Pipeline, PipelineStep
 from ._remote import RemoteTensor
 from .core.tensor import HandleRef, OutputRef, SparseTensor
-from .errors import (DeadlineExceededError, InternalError, InvalidArgumentError, NotFoundError,
-                     PermissionDeniedError, ResourceExhaustedError, SparseServeError,
+from .errors import (DeadlineExceededError, InternalError, InvalidArgumentError, InvalidArgumentTypeError,
+                     NotFoundError, PermissionDeniedError, ResourceExhaustedError, SparseServeError,
                      UnauthenticatedError, UnavailableError, UnimplementedError)
 
 from .core import __version__
@@ -21,7 +21,7 @@ from .core import __version__
 __all__ = [
     "Client", "AsyncClient", "SparseTensor", "RemoteTensor", "HandleRef", "OutputRef", "Pipeline",
     "PipelineStep", "errors", "linalg", "keep_transfer_buffers", "__version__",
-    "SparseServeError", "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError",
+    "SparseServeError", "InvalidArgumentError", "InvalidArgumentTypeError", "NotFoundError", "ResourceExhaustedError",
     "UnauthenticatedError", "PermissionDeniedError", "UnimplementedError", "UnavailableError",
     "DeadlineExceededError", "InternalError",
 ]

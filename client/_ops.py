@@ -148,9 +148,104 @@ class ClientOps:
                          **_changed(beta=(beta, 1), alpha=(alpha, 1)))
 
     @_op
+    def amg_solve(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+                  rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+                  accel: Literal['cg', 'bicgstab', 'gmres', 'minres'] | None = None,
+                  amg_options: dict[str, Any] | None = None, *, keep: bool = False,
+                  request_id: str | None = None,
+                  progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Algebraic multigrid as the solver (pyamg's smoothed_aggregation_solver(A).solve(b, tol,
+        accel=...)): pyamg's hierarchy for amg_options, built once per held matrix and kept with it (charged
+        to its handle in the tenant's store budget), cycled by our parallel kernels. Without accel, each
+        iteration is one cycle (amg_options' cycle, V by default) followed by the true residual, stopping
+        once norm(b - A x) < max(atol, rtol * norm(b)) (at least one cycle, as pyamg); maxiter null is
+        pyamg's 100. With accel 'cg', 'bicgstab', 'gmres' or 'minres', that op runs with preconditioner
+        'amg' (its rules: cg's stopping test is pyamg's cg's, maxiter null is 100 here too; progress is
+        reported under the accelerating op's name). a is any square 2-D sparse layout, sent or held by a
+        handle; b is [n] or a block [n, k] (columns solved one after another); float32 stays float32 when
+        a and b are; outputs as cg's. Bad options are INVALID_ARGUMENT naming the option and its rule
+        (BAD_AMG_OPTION). A partitioned matrix is gathered here first, as for every op without a partitioned
+        plan. The caller's deadline is checked after every iteration.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance (pyamg's tol).
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 100, as pyamg).
+            accel (string; default None): Krylov acceleration, preconditioned by one cycle (null: none,
+                cycles alone).
+            amg_options (options; default None): pyamg's smoothed-aggregation options (null: pyamg's
+                defaults); see docs/solvers.md, 'Multigrid'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return self.call("amg_solve", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
+                         **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                    maxiter=(maxiter, None), accel=(accel, None),
+                                    amg_options=(amg_options, None)))
+
+    @_op
+    def apply(self, a: TensorLike,
+              operator: Literal['abs', 'acos', 'acosh', 'ainv', 'asin', 'asinh', 'atan', 'atanh', 'bnot', 'carg', 'cbrt', 'ceil', 'cimag', 'conj', 'cos', 'cosh', 'creal', 'erf', 'erfc', 'exp', 'exp2', 'expm1', 'floor', 'frexpe', 'frexpx', 'identity', 'isfinite', 'isinf', 'isnan', 'lgamma', 'lnot', 'log', 'log10', 'log1p', 'log2', 'minv', 'one', 'positioni', 'positioni1', 'positionj', 'positionj1', 'round', 'signum', 'sin', 'sinh', 'sqrt', 'tan', 'tanh', 'tgamma', 'trunc', 'absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv', 'colgt', 'colindex', 'colle', 'diag', 'diagindex', 'index', 'indexgt', 'indexle', 'offdiag', 'rowgt', 'rowindex', 'rowle', 'tril', 'triu', 'valueeq', 'valuege', 'valuegt', 'valuele', 'valuelt', 'valuene'],
+              left: Scalar | None = None, right: Scalar | None = None, thunk: Scalar | None = None,
+              mask: TensorLike | None = None, mask_structure: bool = False,
+              mask_complement: bool = False,
+              accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+              replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+              request_id: str | None = None) -> Tensor:
+        """An operator applied to every entry: python-graphblas's ``a.apply(op, ...)``.
+
+        A unary op alone (``abs``, ``ainv``, ``one``, ``identity`` ...); a binary op with its scalar bound
+        on the left (``left``: ``op(left, x)``) or the right (``right``: ``op(x, right)``); an index-unary
+        op (``rowindex``, ``colindex``, ``diagindex`` ...) with ``thunk`` (python-graphblas's ``right``
+        for those).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            operator (string): A unary, binary or index-unary op, by python-graphblas's name.
+            left (scalar; default None): A binary op's bound first argument.
+            right (scalar; default None): A binary op's bound second argument.
+            thunk (scalar; default None): An index-unary op's thunk (python-graphblas's default when null).
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("apply", a=a, operator=operator, keep=keep, request_id=request_id,
+                         **_changed(left=(left, None), right=(right, None), thunk=(thunk, None),
+                                    mask=(mask, None), mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
     def bicgstab(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                  rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                 preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
+                 preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none',
+                 m: TensorLike | None = None, x0_mb: bool = False,
+                 amg_options: dict[str, Any] | None = None, *, keep: bool = False,
                  request_id: str | None = None,
                  progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
@@ -161,8 +256,15 @@ class ClientOps:
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -175,7 +277,12 @@ class ClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -191,7 +298,8 @@ class ClientOps:
         return self.call("bicgstab", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
                          **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                     maxiter=(maxiter, None),
-                                    preconditioner=(preconditioner, 'none')))
+                                    preconditioner=(preconditioner, 'none'), m=(m, None),
+                                    x0_mb=(x0_mb, False), amg_options=(amg_options, None)))
 
     @_op
     def bincount(self, values: TensorLike, weights: TensorLike | None = None, axis: int = 0,
@@ -234,7 +342,9 @@ class ClientOps:
     @_op
     def cg(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None, rtol: float = 1e-05,
            atol: float = 0.0, maxiter: int | None = None,
-           preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
+           preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none',
+           m: TensorLike | None = None, x0_mb: bool = False,
+           amg_options: dict[str, Any] | None = None, *, keep: bool = False,
            request_id: str | None = None,
            progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
@@ -242,13 +352,20 @@ class ClientOps:
         scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
         Each iteration is one parallel SpMV and fused vector passes. On a partitioned matrix (--dask-scheduler)
         the loop runs on the replica and each SpMV on the blocks where they are, with the single-node answer
-        (preconditioner 'none' or 'jacobi'; 'ilu0' is UNIMPLEMENTED there). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        (preconditioner 'none' or 'jacobi'; 'ilu0' and 'amg' are UNIMPLEMENTED there). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -261,7 +378,12 @@ class ClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -277,7 +399,8 @@ class ClientOps:
         return self.call("cg", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
                          **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                     maxiter=(maxiter, None),
-                                    preconditioner=(preconditioner, 'none')))
+                                    preconditioner=(preconditioner, 'none'), m=(m, None),
+                                    x0_mb=(x0_mb, False), amg_options=(amg_options, None)))
 
     @_op
     def coalesce(self, sp_input: TensorLike, *, keep: bool = False,
@@ -392,24 +515,49 @@ class ClientOps:
 
     @_op
     def eigsh(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM', 'LA', 'SA', 'BE'] = 'LM',
-              sigma: float | None = None, tol: float = 0.0, *, keep: bool = False,
-              request_id: str | None = None,
+              sigma: float | None = None, tol: float = 0.0, m: TensorLike | None = None,
+              mode: Literal['normal', 'buckling', 'cayley'] = 'normal',
+              v0: TensorLike | None = None, ncv: int | None = None, maxiter: int | None = None,
+              seed: int | None = None, solver: Literal['auto', 'arpack', 'lobpcg'] = 'auto', *,
+              keep: bool = False, request_id: str | None = None,
               progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor]:
-        """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix
-        (scipy.sparse.linalg.eigsh: ARPACK's implicitly restarted Lanczos, with our parallel SpMV as the operator).
-        which: LM/SM (largest/smallest magnitude), LA/SA (largest/smallest algebraic), BE (both ends).
-        With sigma, shift-invert mode: the eigenvalues nearest sigma, through a SuperLU factorization of a - sigma I.
-        a is float32, float64, complex64 or complex128 (one 2-D matrix, any sparse layout); 1 <= k < n.
-        A matrix that is not symmetric (Hermitian) beyond rounding is refused (NOT_HERMITIAN). ARPACK that does not
-        converge is INTERNAL with scipy's message. Iterative: bounded by the caller's deadline, checked at every
-        matrix product.
+        """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix, or of the
+        generalised problem a v = w m v (scipy.sparse.linalg.eigsh, its arguments and modes).
+        The smallest (which SA; SM where a >= 0; sigma at or below the spectrum with which LM or LA) come from LOBPCG
+        preconditioned by one algebraic-multigrid V-cycle (scipy's lobpcg driver over our parallel SpMV; the hierarchy
+        kept with a held matrix): a few dozen block iterations whatever n, where ARPACK needs thousands of products or a
+        factorization. LOBPCG stops when every pair has norm(a v - w m v) <= tol (norm(a) + |w| norm(m)) norm(v)
+        (Gershgorin's bounds of the norms; tol 0: eps^(2/3) of a's dtype, 4e-11 in float64); a pair that misses it,
+        and every other part of the spectrum, is ARPACK's (implicitly restarted Lanczos over our SpMV).
+        With sigma, shift-invert mode (mode normal, buckling or cayley, as scipy's): the eigenvalues nearest sigma,
+        through a SuperLU factorization of a - sigma m (a - sigma I without m) made once per held matrix and shift and
+        kept with it (its bytes charged to a's handle), so a second call solves at once. With m and no sigma, ARPACK's
+        mode 2 on a kept factorization of m (m must be positive definite).
+        a and m are float32, float64, complex64 or complex128 (one 2-D matrix each, any sparse layout); 1 <= k < n
+        (n - 1 for a complex a, as scipy's eigs). A matrix that is not symmetric (Hermitian) beyond rounding is refused
+        (NOT_HERMITIAN); a - sigma m exactly singular is SINGULAR. ARPACK, or solver 'lobpcg', that does not converge
+        within maxiter is INTERNAL (NOT_CONVERGED). Iterative: bounded by the caller's deadline, checked at every matrix
+        product, solve and V-cycle.
 
         Arguments:
             a (tensor; layouts coo, csr, csc, bsr, bsc): The symmetric (Hermitian) matrix [n, n].
             k (int; default 6): How many eigenvalues (1 <= k < n).
             which (string; default 'LM'): Which k: LM, SM, LA, SA or BE (of the shifted problem with sigma).
             sigma (float; default None): Shift for shift-invert mode (finite); none: plain mode.
-            tol (float; default 0.0): Relative accuracy of the eigenvalues (0: machine precision).
+            tol (float; default 0.0): Relative accuracy of the eigenvalues (0: machine precision for ARPACK,
+                eps^(2/3) of the residual for LOBPCG).
+            m (tensor; layouts coo, csr, csc, bsr, bsc; default None): The generalised problem's m [n, n]
+                (symmetric, positive definite without sigma): a v = w m v; none: the standard problem.
+            mode (string; default 'normal'): With sigma: normal, buckling or cayley (scipy's shift-invert
+                modes); without sigma it is not used, as scipy's.
+            v0 (tensor; layouts dense; default None): Starting vector [n] (ARPACK's; LOBPCG's first column);
+                none: drawn from seed.
+            ncv (int?; default None): ARPACK's Lanczos vectors, k < ncv <= n; none: scipy's max(2k + 1, 20).
+            maxiter (int?; default None): ARPACK's restarts (none: 10 n) or LOBPCG's iterations (none: 200).
+            seed (int?; default None): Seed of the random start (numpy default_rng, drawn as scipy's eigsh
+                draws from its rng); none: a fixed one, so a call answers the same every time.
+            solver (string; default 'auto'): auto (LOBPCG for the bottom, else ARPACK), arpack, or lobpcg
+                (the bottom only; refused where the bounds do not show the k asked are the smallest).
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -418,11 +566,135 @@ class ClientOps:
         Returns:
             A tuple, in this order:
             w (dense): The k eigenvalues [k], ascending (real).
-            v (dense): Their eigenvectors as columns [n, k] (unit norm; each up to sign/phase).
+            v (dense): Their eigenvectors as columns [n, k] (unit norm, m-orthonormal with m; each up to
+                sign/phase).
         """
         return self.call("eigsh", a=a, keep=keep, request_id=request_id, progress=progress,
                          **_changed(k=(k, 6), which=(which, 'LM'), sigma=(sigma, None),
-                                    tol=(tol, 0.0)))
+                                    tol=(tol, 0.0), m=(m, None), mode=(mode, 'normal'),
+                                    v0=(v0, None), ncv=(ncv, None), maxiter=(maxiter, None),
+                                    seed=(seed, None), solver=(solver, 'auto')))
+
+    @_op
+    def ewise_add(self, a: TensorLike, b: TensorLike,
+                  binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] = 'plus',
+                  mask: TensorLike | None = None, mask_structure: bool = False,
+                  mask_complement: bool = False,
+                  accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                  replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                  request_id: str | None = None) -> Tensor:
+        """Element-wise union: python-graphblas's ``a.ewise_add(b, op)``.
+
+        Where both hold an entry, ``op(a, b)``; where one does, its value as it is. ``op`` is a binary op
+        (or monoid) by python-graphblas's name.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first operand, a vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second operand, of a's shape.
+            binary_op (string; default 'plus'): The binary op, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("ewise_add", a=a, b=b, keep=keep, request_id=request_id,
+                         **_changed(binary_op=(binary_op, 'plus'), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
+    def ewise_mult(self, a: TensorLike, b: TensorLike,
+                   binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] = 'times',
+                   mask: TensorLike | None = None, mask_structure: bool = False,
+                   mask_complement: bool = False,
+                   accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                   replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                   request_id: str | None = None) -> Tensor:
+        """Element-wise intersection: python-graphblas's ``a.ewise_mult(b, op)``.
+
+        Entries only where both hold one, ``op(a, b)`` there.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first operand, a vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second operand, of a's shape.
+            binary_op (string; default 'times'): The binary op, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("ewise_mult", a=a, b=b, keep=keep, request_id=request_id,
+                         **_changed(binary_op=(binary_op, 'times'), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
+    def ewise_union(self, a: TensorLike, b: TensorLike,
+                    binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'],
+                    left_default: Scalar, right_default: Scalar, mask: TensorLike | None = None,
+                    mask_structure: bool = False, mask_complement: bool = False,
+                    accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                    replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                    request_id: str | None = None) -> Tensor:
+        """Element-wise union with defaults: python-graphblas's ``a.ewise_union(b, op, left_default, right_default)``.
+
+        Where both hold an entry, ``op(a, b)``; where only ``a`` does, ``op(a, right_default)``; where
+        only ``b`` does, ``op(left_default, b)``.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first operand, a vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second operand, of a's shape.
+            binary_op (string): The binary op, by python-graphblas's name.
+            left_default (scalar): a's value where only b holds an entry.
+            right_default (scalar): b's value where only a holds an entry.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("ewise_union", a=a, b=b, binary_op=binary_op, left_default=left_default,
+                         right_default=right_default, keep=keep, request_id=request_id,
+                         **_changed(mask=(mask, None), mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
 
     @_op
     def expand_dims(self, sp_input: TensorLike, axis: int, *, keep: bool = False,
@@ -446,6 +718,45 @@ class ClientOps:
         """
         return self.call("expand_dims", sp_input=sp_input, axis=axis, keep=keep,
                          request_id=request_id)
+
+    @_op
+    def extract(self, a: TensorLike, rows: IntList | None = None, cols: IntList | None = None,
+                mask: TensorLike | None = None, mask_structure: bool = False,
+                mask_complement: bool = False,
+                accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                request_id: str | None = None) -> Tensor:
+        """A submatrix or subvector: python-graphblas's ``a[rows, cols]`` (``v[rows]``).
+
+        ``rows`` and ``cols`` list indices (repeats allowed, negative ones from the end as in Python);
+        null takes every index. The result is a matrix [len(rows), len(cols)] (a vector [len(rows)]).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            rows (int_list; default None): The rows (a vector's indices); null for all.
+            cols (int_list; default None): The columns; null for all.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("extract", a=a, keep=keep, request_id=request_id,
+                         **_changed(rows=(rows, None), cols=(cols, None), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
 
     @_op
     def eye(self, num_rows: int, num_columns: int | None = None,
@@ -539,10 +850,53 @@ class ClientOps:
                          **_changed(sparse_dim=(sparse_dim, None)))
 
     @_op
+    def gb_select(self, a: TensorLike,
+                  operator: Literal['colgt', 'colle', 'diag', 'indexgt', 'indexle', 'offdiag', 'rowgt', 'rowle', 'tril', 'triu', 'valueeq', 'valuege', 'valuegt', 'valuele', 'valuelt', 'valuene'],
+                  thunk: Scalar | None = None, mask: TensorLike | None = None,
+                  mask_structure: bool = False, mask_complement: bool = False,
+                  accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                  replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                  request_id: str | None = None) -> Tensor:
+        """The entries an index-unary predicate keeps: python-graphblas's ``a.select(op, thunk)``.
+
+        ``tril``, ``triu``, ``diag``, ``offdiag`` (thunk: the diagonal), ``rowle``, ``rowgt``, ``colle``,
+        ``colgt`` (thunk: a row or column), ``valueeq`` ... ``valuele`` (thunk: the value compared).
+        Named ``gb_select`` because ``select`` is torch's.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            operator (string): The select op, by python-graphblas's name.
+            thunk (scalar; default None): The op's thunk (python-graphblas's default when null).
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("gb_select", a=a, operator=operator, keep=keep, request_id=request_id,
+                         **_changed(thunk=(thunk, None), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
     def gmres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None, rtol: float = 1e-05,
               atol: float = 0.0, maxiter: int | None = None,
-              preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', restart: int = 20, *,
-              keep: bool = False, request_id: str | None = None,
+              preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none', restart: int = 20,
+              m: TensorLike | None = None, x0_mb: bool = False,
+              amg_options: dict[str, Any] | None = None, *, keep: bool = False,
+              request_id: str | None = None,
               progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Restarted GMRES for a general square A (scipy.sparse.linalg.gmres with callback_type
         'pr_norm', its driver run over our SpMV and preconditioner): maxiter counts restart cycles, as
@@ -552,8 +906,15 @@ class ClientOps:
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -566,8 +927,13 @@ class ClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
             restart (int; default 20): Inner iterations between restarts.
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -583,7 +949,9 @@ class ClientOps:
         return self.call("gmres", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
                          **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                     maxiter=(maxiter, None),
-                                    preconditioner=(preconditioner, 'none'), restart=(restart, 20)))
+                                    preconditioner=(preconditioner, 'none'), restart=(restart, 20),
+                                    m=(m, None), x0_mb=(x0_mb, False),
+                                    amg_options=(amg_options, None)))
 
     @_op
     def hspmm(self, mat1: TensorLike, mat2: TensorLike, *, keep: bool = False,
@@ -637,6 +1005,64 @@ class ClientOps:
         """
         return self.call("index_select", input=input, dim=dim, index=index, keep=keep,
                          request_id=request_id)
+
+    @_op
+    def isequal(self, a: TensorLike, b: TensorLike, check_dtype: bool = False, *,
+                keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Whether two vectors or matrices are equal: python-graphblas's ``a.isequal(b, check_dtype=...)``.
+
+        Equal shape, equal pattern, equal values; with ``check_dtype`` equal dtypes too. Tensors of
+        different shapes or ranks are not equal (false, not an error).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second.
+            check_dtype (bool; default False): Unequal dtypes make them unequal.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (dense): The answer (a 0-d bool array).
+        """
+        return self.call("isequal", a=a, b=b, keep=keep, request_id=request_id,
+                         **_changed(check_dtype=(check_dtype, False)))
+
+    @_op
+    def kronecker(self, a: TensorLike, b: TensorLike,
+                  binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] = 'times',
+                  mask: TensorLike | None = None, mask_structure: bool = False,
+                  mask_complement: bool = False,
+                  accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                  replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                  request_id: str | None = None) -> Tensor:
+        """The Kronecker product under a binary op: python-graphblas's ``a.kronecker(b, op)``, [m1 m2, n1 n2].
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The left matrix [m1, n1].
+            b (tensor; layouts coo, csr, csc, dense): The right matrix [m2, n2].
+            binary_op (string; default 'times'): The binary op, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix written (CSR): the expression, or out updated.
+        """
+        return self.call("kronecker", a=a, b=b, keep=keep, request_id=request_id,
+                         **_changed(binary_op=(binary_op, 'times'), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
 
     @_op
     def log_softmax(self, sp_input: TensorLike, axis: int = -1, *, keep: bool = False,
@@ -795,19 +1221,31 @@ class ClientOps:
     @_op
     def minres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-               preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
-               request_id: str | None = None,
+               preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none',
+               shift: float = 0.0, check: bool = False, m: TensorLike | None = None,
+               x0_mb: bool = False, amg_options: dict[str, Any] | None = None, *,
+               keep: bool = False, request_id: str | None = None,
                progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """MINRES for a symmetric (possibly indefinite) A (scipy.sparse.linalg.minres, its driver run
         over our SpMV and preconditioner, which must be symmetric positive definite for the method's
         guarantees): scipy's own stopping rule on rtol (scipy's minres has no atol: a nonzero atol is
-        INVALID_ARGUMENT), maxiter 5 n by default as scipy. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        INVALID_ARGUMENT), maxiter 5 n by default as scipy. shift solves (A - shift I) x = b, as scipy's
+        (residual_norm is then that system's); check=true first tests A and M for symmetry, as scipy's.
+        What scipy's driver finds in the values (A or M not symmetric, M indefinite) is INVALID_ARGUMENT
+        (NOT_HERMITIAN, INDEFINITE_PRECONDITIONER). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -820,7 +1258,14 @@ class ClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Must be 0: scipy's minres has no absolute tolerance.
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
+            shift (float; default 0.0): Solve (A - shift I) x = b.
+            check (bool; default False): Test A and M for symmetry first (scipy's check).
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -836,7 +1281,9 @@ class ClientOps:
         return self.call("minres", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
                          **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                     maxiter=(maxiter, None),
-                                    preconditioner=(preconditioner, 'none')))
+                                    preconditioner=(preconditioner, 'none'), shift=(shift, 0.0),
+                                    check=(check, False), m=(m, None), x0_mb=(x0_mb, False),
+                                    amg_options=(amg_options, None)))
 
     @_op
     def mm(self, mat1: TensorLike, mat2: TensorLike,
@@ -923,6 +1370,144 @@ class ClientOps:
         return self.call("multiply", a=a, b=b, keep=keep, request_id=request_id)
 
     @_op
+    def mxm(self, a: TensorLike, b: TensorLike,
+            semiring: Literal['any_cdiv', 'any_eq', 'any_first', 'any_firsti', 'any_firsti1', 'any_firstj', 'any_firstj1', 'any_floordiv', 'any_ge', 'any_gt', 'any_iseq', 'any_isge', 'any_isgt', 'any_isle', 'any_islt', 'any_isne', 'any_land', 'any_le', 'any_lor', 'any_lt', 'any_lxor', 'any_max', 'any_min', 'any_minus', 'any_ne', 'any_pair', 'any_plus', 'any_rdiv', 'any_rfloordiv', 'any_rminus', 'any_rtruediv', 'any_second', 'any_secondi', 'any_secondi1', 'any_secondj', 'any_secondj1', 'any_times', 'any_truediv', 'band_band', 'band_bor', 'band_bxnor', 'band_bxor', 'bor_band', 'bor_bor', 'bor_bxnor', 'bor_bxor', 'bxnor_band', 'bxnor_bor', 'bxnor_bxnor', 'bxnor_bxor', 'bxor_band', 'bxor_bor', 'bxor_bxnor', 'bxor_bxor', 'eq_eq', 'eq_first', 'eq_ge', 'eq_gt', 'eq_land', 'eq_le', 'eq_lor', 'eq_lt', 'eq_lxor', 'eq_ne', 'eq_pair', 'eq_second', 'land_eq', 'land_first', 'land_ge', 'land_gt', 'land_land', 'land_le', 'land_lor', 'land_lt', 'land_lxor', 'land_ne', 'land_pair', 'land_second', 'lor_eq', 'lor_first', 'lor_ge', 'lor_gt', 'lor_land', 'lor_le', 'lor_lor', 'lor_lt', 'lor_lxor', 'lor_ne', 'lor_pair', 'lor_second', 'lxnor_lor', 'lxor_eq', 'lxor_first', 'lxor_ge', 'lxor_gt', 'lxor_land', 'lxor_le', 'lxor_lor', 'lxor_lt', 'lxor_lxor', 'lxor_ne', 'lxor_pair', 'lxor_second', 'max_absfirst', 'max_abssecond', 'max_cdiv', 'max_first', 'max_firsti', 'max_firsti1', 'max_firstj', 'max_firstj1', 'max_floordiv', 'max_iseq', 'max_isge', 'max_isgt', 'max_isle', 'max_islt', 'max_isne', 'max_land', 'max_lor', 'max_lxor', 'max_max', 'max_min', 'max_minus', 'max_pair', 'max_plus', 'max_rdiv', 'max_rfloordiv', 'max_rminus', 'max_rtruediv', 'max_second', 'max_secondi', 'max_secondi1', 'max_secondj', 'max_secondj1', 'max_times', 'max_truediv', 'min_cdiv', 'min_first', 'min_firsti', 'min_firsti1', 'min_firstj', 'min_firstj1', 'min_floordiv', 'min_iseq', 'min_isge', 'min_isgt', 'min_isle', 'min_islt', 'min_isne', 'min_land', 'min_lor', 'min_lxor', 'min_max', 'min_min', 'min_minus', 'min_pair', 'min_plus', 'min_rdiv', 'min_rfloordiv', 'min_rminus', 'min_rtruediv', 'min_second', 'min_secondi', 'min_secondi1', 'min_secondj', 'min_secondj1', 'min_times', 'min_truediv', 'plus_absfirst', 'plus_abssecond', 'plus_cdiv', 'plus_first', 'plus_firsti', 'plus_firsti1', 'plus_firstj', 'plus_firstj1', 'plus_floordiv', 'plus_iseq', 'plus_isge', 'plus_isgt', 'plus_isle', 'plus_islt', 'plus_isne', 'plus_land', 'plus_lor', 'plus_lxor', 'plus_max', 'plus_min', 'plus_minus', 'plus_pair', 'plus_plus', 'plus_pow', 'plus_rdiv', 'plus_rfloordiv', 'plus_rminus', 'plus_rpow', 'plus_rtruediv', 'plus_second', 'plus_secondi', 'plus_secondi1', 'plus_secondj', 'plus_secondj1', 'plus_times', 'plus_truediv', 'times_cdiv', 'times_first', 'times_firsti', 'times_firsti1', 'times_firstj', 'times_firstj1', 'times_floordiv', 'times_iseq', 'times_isge', 'times_isgt', 'times_isle', 'times_islt', 'times_isne', 'times_land', 'times_lor', 'times_lxor', 'times_max', 'times_min', 'times_minus', 'times_pair', 'times_plus', 'times_rdiv', 'times_rfloordiv', 'times_rminus', 'times_rtruediv', 'times_second', 'times_secondi', 'times_secondi1', 'times_secondj', 'times_secondj1', 'times_times', 'times_truediv'] = 'plus_times',
+            transpose_a: bool = False, transpose_b: bool = False, mask: TensorLike | None = None,
+            mask_structure: bool = False, mask_complement: bool = False,
+            accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+            replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+            request_id: str | None = None) -> Tensor:
+        """Matrix-matrix product over a semiring: python-graphblas's ``a.mxm(b, semiring)``.
+
+        ``semiring`` is python-graphblas's name (``plus_times``, ``min_plus``, ``any_pair``, ``lor_land``,
+        ``any_secondi`` ...); ``transpose_a``/``transpose_b`` multiply ``a.T``/``b.T``. Mixed dtypes unify
+        as python-graphblas unifies them. Takes the output controls (``mask``, ``accum``, ``out`` ...):
+        a masked product computes only the entries the mask lets through.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The left matrix [m, k].
+            b (tensor; layouts coo, csr, csc, dense): The right matrix [k, n].
+            semiring (string; default 'plus_times'): The semiring, by python-graphblas's name.
+            transpose_a (bool; default False): Multiply a.T.
+            transpose_b (bool; default False): Multiply b.T.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix written (CSR): the expression, or out updated.
+        """
+        return self.call("mxm", a=a, b=b, keep=keep, request_id=request_id,
+                         **_changed(semiring=(semiring, 'plus_times'),
+                                    transpose_a=(transpose_a, False),
+                                    transpose_b=(transpose_b, False), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
+    def mxv(self, a: TensorLike, v: TensorLike,
+            semiring: Literal['any_cdiv', 'any_eq', 'any_first', 'any_firsti', 'any_firsti1', 'any_firstj', 'any_firstj1', 'any_floordiv', 'any_ge', 'any_gt', 'any_iseq', 'any_isge', 'any_isgt', 'any_isle', 'any_islt', 'any_isne', 'any_land', 'any_le', 'any_lor', 'any_lt', 'any_lxor', 'any_max', 'any_min', 'any_minus', 'any_ne', 'any_pair', 'any_plus', 'any_rdiv', 'any_rfloordiv', 'any_rminus', 'any_rtruediv', 'any_second', 'any_secondi', 'any_secondi1', 'any_secondj', 'any_secondj1', 'any_times', 'any_truediv', 'band_band', 'band_bor', 'band_bxnor', 'band_bxor', 'bor_band', 'bor_bor', 'bor_bxnor', 'bor_bxor', 'bxnor_band', 'bxnor_bor', 'bxnor_bxnor', 'bxnor_bxor', 'bxor_band', 'bxor_bor', 'bxor_bxnor', 'bxor_bxor', 'eq_eq', 'eq_first', 'eq_ge', 'eq_gt', 'eq_land', 'eq_le', 'eq_lor', 'eq_lt', 'eq_lxor', 'eq_ne', 'eq_pair', 'eq_second', 'land_eq', 'land_first', 'land_ge', 'land_gt', 'land_land', 'land_le', 'land_lor', 'land_lt', 'land_lxor', 'land_ne', 'land_pair', 'land_second', 'lor_eq', 'lor_first', 'lor_ge', 'lor_gt', 'lor_land', 'lor_le', 'lor_lor', 'lor_lt', 'lor_lxor', 'lor_ne', 'lor_pair', 'lor_second', 'lxnor_lor', 'lxor_eq', 'lxor_first', 'lxor_ge', 'lxor_gt', 'lxor_land', 'lxor_le', 'lxor_lor', 'lxor_lt', 'lxor_lxor', 'lxor_ne', 'lxor_pair', 'lxor_second', 'max_absfirst', 'max_abssecond', 'max_cdiv', 'max_first', 'max_firsti', 'max_firsti1', 'max_firstj', 'max_firstj1', 'max_floordiv', 'max_iseq', 'max_isge', 'max_isgt', 'max_isle', 'max_islt', 'max_isne', 'max_land', 'max_lor', 'max_lxor', 'max_max', 'max_min', 'max_minus', 'max_pair', 'max_plus', 'max_rdiv', 'max_rfloordiv', 'max_rminus', 'max_rtruediv', 'max_second', 'max_secondi', 'max_secondi1', 'max_secondj', 'max_secondj1', 'max_times', 'max_truediv', 'min_cdiv', 'min_first', 'min_firsti', 'min_firsti1', 'min_firstj', 'min_firstj1', 'min_floordiv', 'min_iseq', 'min_isge', 'min_isgt', 'min_isle', 'min_islt', 'min_isne', 'min_land', 'min_lor', 'min_lxor', 'min_max', 'min_min', 'min_minus', 'min_pair', 'min_plus', 'min_rdiv', 'min_rfloordiv', 'min_rminus', 'min_rtruediv', 'min_second', 'min_secondi', 'min_secondi1', 'min_secondj', 'min_secondj1', 'min_times', 'min_truediv', 'plus_absfirst', 'plus_abssecond', 'plus_cdiv', 'plus_first', 'plus_firsti', 'plus_firsti1', 'plus_firstj', 'plus_firstj1', 'plus_floordiv', 'plus_iseq', 'plus_isge', 'plus_isgt', 'plus_isle', 'plus_islt', 'plus_isne', 'plus_land', 'plus_lor', 'plus_lxor', 'plus_max', 'plus_min', 'plus_minus', 'plus_pair', 'plus_plus', 'plus_pow', 'plus_rdiv', 'plus_rfloordiv', 'plus_rminus', 'plus_rpow', 'plus_rtruediv', 'plus_second', 'plus_secondi', 'plus_secondi1', 'plus_secondj', 'plus_secondj1', 'plus_times', 'plus_truediv', 'times_cdiv', 'times_first', 'times_firsti', 'times_firsti1', 'times_firstj', 'times_firstj1', 'times_floordiv', 'times_iseq', 'times_isge', 'times_isgt', 'times_isle', 'times_islt', 'times_isne', 'times_land', 'times_lor', 'times_lxor', 'times_max', 'times_min', 'times_minus', 'times_pair', 'times_plus', 'times_rdiv', 'times_rfloordiv', 'times_rminus', 'times_rtruediv', 'times_second', 'times_secondi', 'times_secondi1', 'times_secondj', 'times_secondj1', 'times_times', 'times_truediv'] = 'plus_times',
+            transpose_a: bool = False, mask: TensorLike | None = None, mask_structure: bool = False,
+            mask_complement: bool = False,
+            accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+            replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+            request_id: str | None = None) -> Tensor:
+        """Matrix-vector product over a semiring: python-graphblas's ``a.mxv(v, semiring)``.
+
+        ``v`` is a rank-1 sparse tensor or a dense vector (every element stored); the result is a sparse
+        vector. ``transpose_a`` multiplies ``a.T`` (``vxm`` is the same product from the left).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The matrix [m, n].
+            v (tensor; layouts coo, csr, csc, dense): The vector [n].
+            semiring (string; default 'plus_times'): The semiring, by python-graphblas's name.
+            transpose_a (bool; default False): Multiply a.T.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("mxv", a=a, v=v, keep=keep, request_id=request_id,
+                         **_changed(semiring=(semiring, 'plus_times'),
+                                    transpose_a=(transpose_a, False), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
+    def nvals(self, a: TensorLike, *, keep: bool = False, request_id: str | None = None) -> Tensor:
+        """The number of stored entries: python-graphblas's ``a.nvals`` (repeated COO indices count once).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (dense): The count (a 0-d int64 array).
+        """
+        return self.call("nvals", a=a, keep=keep, request_id=request_id)
+
+    @_op
+    def reduce_columnwise(self, a: TensorLike,
+                          monoid: Literal['any', 'band', 'bor', 'bxnor', 'bxor', 'eq', 'land', 'lor', 'lxnor', 'lxor', 'max', 'min', 'plus', 'times'] = 'plus',
+                          mask: TensorLike | None = None, mask_structure: bool = False,
+                          mask_complement: bool = False,
+                          accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                          replace: bool = False, out: TensorLike | None = None, *,
+                          keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Each column reduced by a monoid: python-graphblas's ``a.reduce_columnwise(op)``, a sparse vector [n].
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The matrix.
+            monoid (string; default 'plus'): The monoid, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("reduce_columnwise", a=a, keep=keep, request_id=request_id,
+                         **_changed(monoid=(monoid, 'plus'), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
     def reduce_max(self, sp_input: TensorLike, axis: Axes = None, keepdims: bool = False,
                    output_is_sparse: bool = False, *, keep: bool = False,
                    request_id: str | None = None) -> Tensor:
@@ -949,6 +1534,63 @@ class ClientOps:
         return self.call("reduce_max", sp_input=sp_input, keep=keep, request_id=request_id,
                          **_changed(axis=(axis, None), keepdims=(keepdims, False),
                                     output_is_sparse=(output_is_sparse, False)))
+
+    @_op
+    def reduce_rowwise(self, a: TensorLike,
+                       monoid: Literal['any', 'band', 'bor', 'bxnor', 'bxor', 'eq', 'land', 'lor', 'lxnor', 'lxor', 'max', 'min', 'plus', 'times'] = 'plus',
+                       mask: TensorLike | None = None, mask_structure: bool = False,
+                       mask_complement: bool = False,
+                       accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                       replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                       request_id: str | None = None) -> Tensor:
+        """Each row reduced by a monoid: python-graphblas's ``a.reduce_rowwise(op)``, a sparse vector [m]
+        (rows without entries have none).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The matrix.
+            monoid (string; default 'plus'): The monoid, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("reduce_rowwise", a=a, keep=keep, request_id=request_id,
+                         **_changed(monoid=(monoid, 'plus'), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
+
+    @_op
+    def reduce_scalar(self, a: TensorLike,
+                      monoid: Literal['any', 'band', 'bor', 'bxnor', 'bxor', 'eq', 'land', 'lor', 'lxnor', 'lxor', 'max', 'min', 'plus', 'times'] = 'plus',
+                      *, keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Every entry reduced by a monoid to one scalar: python-graphblas's ``a.reduce_scalar(op)``
+        (``v.reduce(op)`` for a vector), with ``allow_empty=False``: a tensor without entries gives the
+        monoid's identity (a 0-d array can hold no "empty").
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            monoid (string; default 'plus'): The monoid, by python-graphblas's name.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (dense): The scalar (a 0-d array of the monoid's dtype).
+        """
+        return self.call("reduce_scalar", a=a, keep=keep, request_id=request_id,
+                         **_changed(monoid=(monoid, 'plus')))
 
     @_op
     def reduce_sum(self, sp_input: TensorLike, axis: Axes = None, keepdims: bool = False,
@@ -1423,18 +2065,31 @@ class ClientOps:
         return self.call("spsolve", a=a, b=b, keep=keep, request_id=request_id)
 
     @_op
-    def svds(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM'] = 'LM', *,
+    def svds(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM'] = 'LM', tol: float = 0.0,
+             v0: TensorLike | None = None, ncv: int | None = None, maxiter: int | None = None,
+             seed: int | None = None, solver: Literal['arpack', 'lobpcg', 'propack'] = 'arpack', *,
              keep: bool = False, request_id: str | None = None,
              progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds with ARPACK, our parallel
-        SpMV for a @ x and a^H @ x). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or
-        complex128 [m, n], any sparse layout; 1 <= k < min(m, n). Outputs as scipy returns them: s ascending.
+        """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds over our parallel SpMV for
+        a @ x and a^H @ x, with scipy's three solvers: 'arpack' (Lanczos on a^H a), 'lobpcg' (on a^H a; scipy's default
+        of 20 iterations unless maxiter says more) and 'propack' (Lanczos bidiagonalisation of a itself, the most
+        accurate for small singular values). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or
+        complex128 [m, n], any sparse layout; 1 <= k < min(m, n) (k <= min(m, n) for propack). Outputs as scipy
+        returns them: s ascending. ARPACK that does not converge is INTERNAL (NOT_CONVERGED).
         Iterative: bounded by the caller's deadline, checked at every matrix product.
 
         Arguments:
             a (tensor; layouts coo, csr, csc, bsr, bsc): The matrix [m, n].
             k (int; default 6): How many singular values (1 <= k < min(m, n)).
             which (string; default 'LM'): LM (largest) or SM (smallest).
+            tol (float; default 0.0): Tolerance of the singular values (0: machine precision).
+            v0 (tensor; layouts dense; default None): Starting vector [min(m, n)] ([m] for propack); none:
+                drawn from seed.
+            ncv (int?; default None): ARPACK's Lanczos vectors (solver 'arpack'), k < ncv < min(m, n).
+            maxiter (int?; default None): The solver's iteration limit; none: its default.
+            seed (int?; default None): Seed of the random start (numpy default_rng, handed to scipy's svds
+                as rng); none: a fixed one.
+            solver (string; default 'arpack'): arpack, lobpcg or propack (scipy's).
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -1447,7 +2102,9 @@ class ClientOps:
             vt (dense): Right singular vectors as rows [k, n].
         """
         return self.call("svds", a=a, keep=keep, request_id=request_id, progress=progress,
-                         **_changed(k=(k, 6), which=(which, 'LM')))
+                         **_changed(k=(k, 6), which=(which, 'LM'), tol=(tol, 0.0), v0=(v0, None),
+                                    ncv=(ncv, None), maxiter=(maxiter, None), seed=(seed, None),
+                                    solver=(solver, 'arpack')))
 
     @_op
     def to_dense(self, sp_input: TensorLike, default_value: Scalar = 0,
@@ -1525,6 +2182,47 @@ class ClientOps:
         """
         return self.call("transpose", sp_input=sp_input, keep=keep, request_id=request_id,
                          **_changed(perm=(perm, None)))
+
+    @_op
+    def vxm(self, v: TensorLike, b: TensorLike,
+            semiring: Literal['any_cdiv', 'any_eq', 'any_first', 'any_firsti', 'any_firsti1', 'any_firstj', 'any_firstj1', 'any_floordiv', 'any_ge', 'any_gt', 'any_iseq', 'any_isge', 'any_isgt', 'any_isle', 'any_islt', 'any_isne', 'any_land', 'any_le', 'any_lor', 'any_lt', 'any_lxor', 'any_max', 'any_min', 'any_minus', 'any_ne', 'any_pair', 'any_plus', 'any_rdiv', 'any_rfloordiv', 'any_rminus', 'any_rtruediv', 'any_second', 'any_secondi', 'any_secondi1', 'any_secondj', 'any_secondj1', 'any_times', 'any_truediv', 'band_band', 'band_bor', 'band_bxnor', 'band_bxor', 'bor_band', 'bor_bor', 'bor_bxnor', 'bor_bxor', 'bxnor_band', 'bxnor_bor', 'bxnor_bxnor', 'bxnor_bxor', 'bxor_band', 'bxor_bor', 'bxor_bxnor', 'bxor_bxor', 'eq_eq', 'eq_first', 'eq_ge', 'eq_gt', 'eq_land', 'eq_le', 'eq_lor', 'eq_lt', 'eq_lxor', 'eq_ne', 'eq_pair', 'eq_second', 'land_eq', 'land_first', 'land_ge', 'land_gt', 'land_land', 'land_le', 'land_lor', 'land_lt', 'land_lxor', 'land_ne', 'land_pair', 'land_second', 'lor_eq', 'lor_first', 'lor_ge', 'lor_gt', 'lor_land', 'lor_le', 'lor_lor', 'lor_lt', 'lor_lxor', 'lor_ne', 'lor_pair', 'lor_second', 'lxnor_lor', 'lxor_eq', 'lxor_first', 'lxor_ge', 'lxor_gt', 'lxor_land', 'lxor_le', 'lxor_lor', 'lxor_lt', 'lxor_lxor', 'lxor_ne', 'lxor_pair', 'lxor_second', 'max_absfirst', 'max_abssecond', 'max_cdiv', 'max_first', 'max_firsti', 'max_firsti1', 'max_firstj', 'max_firstj1', 'max_floordiv', 'max_iseq', 'max_isge', 'max_isgt', 'max_isle', 'max_islt', 'max_isne', 'max_land', 'max_lor', 'max_lxor', 'max_max', 'max_min', 'max_minus', 'max_pair', 'max_plus', 'max_rdiv', 'max_rfloordiv', 'max_rminus', 'max_rtruediv', 'max_second', 'max_secondi', 'max_secondi1', 'max_secondj', 'max_secondj1', 'max_times', 'max_truediv', 'min_cdiv', 'min_first', 'min_firsti', 'min_firsti1', 'min_firstj', 'min_firstj1', 'min_floordiv', 'min_iseq', 'min_isge', 'min_isgt', 'min_isle', 'min_islt', 'min_isne', 'min_land', 'min_lor', 'min_lxor', 'min_max', 'min_min', 'min_minus', 'min_pair', 'min_plus', 'min_rdiv', 'min_rfloordiv', 'min_rminus', 'min_rtruediv', 'min_second', 'min_secondi', 'min_secondi1', 'min_secondj', 'min_secondj1', 'min_times', 'min_truediv', 'plus_absfirst', 'plus_abssecond', 'plus_cdiv', 'plus_first', 'plus_firsti', 'plus_firsti1', 'plus_firstj', 'plus_firstj1', 'plus_floordiv', 'plus_iseq', 'plus_isge', 'plus_isgt', 'plus_isle', 'plus_islt', 'plus_isne', 'plus_land', 'plus_lor', 'plus_lxor', 'plus_max', 'plus_min', 'plus_minus', 'plus_pair', 'plus_plus', 'plus_pow', 'plus_rdiv', 'plus_rfloordiv', 'plus_rminus', 'plus_rpow', 'plus_rtruediv', 'plus_second', 'plus_secondi', 'plus_secondi1', 'plus_secondj', 'plus_secondj1', 'plus_times', 'plus_truediv', 'times_cdiv', 'times_first', 'times_firsti', 'times_firsti1', 'times_firstj', 'times_firstj1', 'times_floordiv', 'times_iseq', 'times_isge', 'times_isgt', 'times_isle', 'times_islt', 'times_isne', 'times_land', 'times_lor', 'times_lxor', 'times_max', 'times_min', 'times_minus', 'times_pair', 'times_plus', 'times_rdiv', 'times_rfloordiv', 'times_rminus', 'times_rtruediv', 'times_second', 'times_secondi', 'times_secondi1', 'times_secondj', 'times_secondj1', 'times_times', 'times_truediv'] = 'plus_times',
+            transpose_b: bool = False, mask: TensorLike | None = None, mask_structure: bool = False,
+            mask_complement: bool = False,
+            accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+            replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+            request_id: str | None = None) -> Tensor:
+        """Vector-matrix product over a semiring: python-graphblas's ``v.vxm(b, semiring)``.
+
+        The product of the row vector ``v`` [m] and ``b`` [m, n] (``b.T`` with ``transpose_b``), a sparse vector [n].
+
+        Arguments:
+            v (tensor; layouts coo, csr, csc, dense): The vector [m].
+            b (tensor; layouts coo, csr, csc, dense): The matrix [m, n].
+            semiring (string; default 'plus_times'): The semiring, by python-graphblas's name.
+            transpose_b (bool; default False): Multiply b.T.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return self.call("vxm", v=v, b=b, keep=keep, request_id=request_id,
+                         **_changed(semiring=(semiring, 'plus_times'),
+                                    transpose_b=(transpose_b, False), mask=(mask, None),
+                                    mask_structure=(mask_structure, False),
+                                    mask_complement=(mask_complement, False), accum=(accum, None),
+                                    replace=(replace, False), out=(out, None)))
 
     @_op
     def with_values(self, sp_input: TensorLike, new_values: TensorLike, *, keep: bool = False,
@@ -1627,10 +2325,108 @@ class AsyncClientOps:
                                **_changed(beta=(beta, 1), alpha=(alpha, 1)))
 
     @_op
+    async def amg_solve(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
+                        rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
+                        accel: Literal['cg', 'bicgstab', 'gmres', 'minres'] | None = None,
+                        amg_options: dict[str, Any] | None = None, *, keep: bool = False,
+                        request_id: str | None = None,
+                        progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Algebraic multigrid as the solver (pyamg's smoothed_aggregation_solver(A).solve(b, tol,
+        accel=...)): pyamg's hierarchy for amg_options, built once per held matrix and kept with it (charged
+        to its handle in the tenant's store budget), cycled by our parallel kernels. Without accel, each
+        iteration is one cycle (amg_options' cycle, V by default) followed by the true residual, stopping
+        once norm(b - A x) < max(atol, rtol * norm(b)) (at least one cycle, as pyamg); maxiter null is
+        pyamg's 100. With accel 'cg', 'bicgstab', 'gmres' or 'minres', that op runs with preconditioner
+        'amg' (its rules: cg's stopping test is pyamg's cg's, maxiter null is 100 here too; progress is
+        reported under the accelerating op's name). a is any square 2-D sparse layout, sent or held by a
+        handle; b is [n] or a block [n, k] (columns solved one after another); float32 stays float32 when
+        a and b are; outputs as cg's. Bad options are INVALID_ARGUMENT naming the option and its rule
+        (BAD_AMG_OPTION). A partitioned matrix is gathered here first, as for every op without a partitioned
+        plan. The caller's deadline is checked after every iteration.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, bsr, bsc): The square sparse matrix A.
+            b (tensor; layouts dense): Right-hand side [n], or a block of them [n, k].
+            x0 (tensor; layouts dense; default None): Starting guess, b's shape (zeros when null).
+            rtol (float; default 1e-05): Relative tolerance (pyamg's tol).
+            atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
+            maxiter (int?; default None): Iteration limit (null: 100, as pyamg).
+            accel (string; default None): Krylov acceleration, preconditioned by one cycle (null: none,
+                cycles alone).
+            amg_options (options; default None): pyamg's smoothed-aggregation options (null: pyamg's
+                defaults); see docs/solvers.md, 'Multigrid'.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+            progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
+                runs (gRPC only).
+
+        Returns:
+            A tuple, in this order:
+            x (dense): The solution, b's shape.
+            info (dense): int64: 0 converged, else scipy's code (per column for a block).
+            iterations (dense): int64: iterations run (per column for a block).
+            residual_norm (dense): float64: norm(b - A x) (per column for a block).
+        """
+        return await self.call("amg_solve", a=a, b=b, keep=keep, request_id=request_id,
+                               progress=progress,
+                               **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
+                                          maxiter=(maxiter, None), accel=(accel, None),
+                                          amg_options=(amg_options, None)))
+
+    @_op
+    async def apply(self, a: TensorLike,
+                    operator: Literal['abs', 'acos', 'acosh', 'ainv', 'asin', 'asinh', 'atan', 'atanh', 'bnot', 'carg', 'cbrt', 'ceil', 'cimag', 'conj', 'cos', 'cosh', 'creal', 'erf', 'erfc', 'exp', 'exp2', 'expm1', 'floor', 'frexpe', 'frexpx', 'identity', 'isfinite', 'isinf', 'isnan', 'lgamma', 'lnot', 'log', 'log10', 'log1p', 'log2', 'minv', 'one', 'positioni', 'positioni1', 'positionj', 'positionj1', 'round', 'signum', 'sin', 'sinh', 'sqrt', 'tan', 'tanh', 'tgamma', 'trunc', 'absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv', 'colgt', 'colindex', 'colle', 'diag', 'diagindex', 'index', 'indexgt', 'indexle', 'offdiag', 'rowgt', 'rowindex', 'rowle', 'tril', 'triu', 'valueeq', 'valuege', 'valuegt', 'valuele', 'valuelt', 'valuene'],
+                    left: Scalar | None = None, right: Scalar | None = None,
+                    thunk: Scalar | None = None, mask: TensorLike | None = None,
+                    mask_structure: bool = False, mask_complement: bool = False,
+                    accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                    replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                    request_id: str | None = None) -> Tensor:
+        """An operator applied to every entry: python-graphblas's ``a.apply(op, ...)``.
+
+        A unary op alone (``abs``, ``ainv``, ``one``, ``identity`` ...); a binary op with its scalar bound
+        on the left (``left``: ``op(left, x)``) or the right (``right``: ``op(x, right)``); an index-unary
+        op (``rowindex``, ``colindex``, ``diagindex`` ...) with ``thunk`` (python-graphblas's ``right``
+        for those).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            operator (string): A unary, binary or index-unary op, by python-graphblas's name.
+            left (scalar; default None): A binary op's bound first argument.
+            right (scalar; default None): A binary op's bound second argument.
+            thunk (scalar; default None): An index-unary op's thunk (python-graphblas's default when null).
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("apply", a=a, operator=operator, keep=keep, request_id=request_id,
+                               **_changed(left=(left, None), right=(right, None),
+                                          thunk=(thunk, None), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
     async def bicgstab(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                        rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                       preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *,
-                       keep: bool = False, request_id: str | None = None,
+                       preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none',
+                       m: TensorLike | None = None, x0_mb: bool = False,
+                       amg_options: dict[str, Any] | None = None, *, keep: bool = False,
+                       request_id: str | None = None,
                        progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """BiCGSTAB for a general square A (scipy.sparse.linalg.bicgstab's iteration over fused
         kernels): scipy's stopping rule norm(r) < max(atol, rtol * norm(b)) on r and halfway on s,
@@ -1640,8 +2436,15 @@ class AsyncClientOps:
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -1654,7 +2457,12 @@ class AsyncClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -1671,7 +2479,8 @@ class AsyncClientOps:
                                progress=progress,
                                **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                           maxiter=(maxiter, None),
-                                          preconditioner=(preconditioner, 'none')))
+                                          preconditioner=(preconditioner, 'none'), m=(m, None),
+                                          x0_mb=(x0_mb, False), amg_options=(amg_options, None)))
 
     @_op
     async def bincount(self, values: TensorLike, weights: TensorLike | None = None, axis: int = 0,
@@ -1714,7 +2523,9 @@ class AsyncClientOps:
     @_op
     async def cg(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                  rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                 preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *, keep: bool = False,
+                 preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none',
+                 m: TensorLike | None = None, x0_mb: bool = False,
+                 amg_options: dict[str, Any] | None = None, *, keep: bool = False,
                  request_id: str | None = None,
                  progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Conjugate gradients for a symmetric positive definite A (scipy.sparse.linalg.cg): stops when
@@ -1722,13 +2533,20 @@ class AsyncClientOps:
         scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
         Each iteration is one parallel SpMV and fused vector passes. On a partitioned matrix (--dask-scheduler)
         the loop runs on the replica and each SpMV on the blocks where they are, with the single-node answer
-        (preconditioner 'none' or 'jacobi'; 'ilu0' is UNIMPLEMENTED there). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        (preconditioner 'none' or 'jacobi'; 'ilu0' and 'amg' are UNIMPLEMENTED there). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -1741,7 +2559,12 @@ class AsyncClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -1757,7 +2580,8 @@ class AsyncClientOps:
         return await self.call("cg", a=a, b=b, keep=keep, request_id=request_id, progress=progress,
                                **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                           maxiter=(maxiter, None),
-                                          preconditioner=(preconditioner, 'none')))
+                                          preconditioner=(preconditioner, 'none'), m=(m, None),
+                                          x0_mb=(x0_mb, False), amg_options=(amg_options, None)))
 
     @_op
     async def coalesce(self, sp_input: TensorLike, *, keep: bool = False,
@@ -1876,23 +2700,50 @@ class AsyncClientOps:
     @_op
     async def eigsh(self, a: TensorLike, k: int = 6,
                     which: Literal['LM', 'SM', 'LA', 'SA', 'BE'] = 'LM', sigma: float | None = None,
-                    tol: float = 0.0, *, keep: bool = False, request_id: str | None = None,
+                    tol: float = 0.0, m: TensorLike | None = None,
+                    mode: Literal['normal', 'buckling', 'cayley'] = 'normal',
+                    v0: TensorLike | None = None, ncv: int | None = None,
+                    maxiter: int | None = None, seed: int | None = None,
+                    solver: Literal['auto', 'arpack', 'lobpcg'] = 'auto', *, keep: bool = False,
+                    request_id: str | None = None,
                     progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor]:
-        """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix
-        (scipy.sparse.linalg.eigsh: ARPACK's implicitly restarted Lanczos, with our parallel SpMV as the operator).
-        which: LM/SM (largest/smallest magnitude), LA/SA (largest/smallest algebraic), BE (both ends).
-        With sigma, shift-invert mode: the eigenvalues nearest sigma, through a SuperLU factorization of a - sigma I.
-        a is float32, float64, complex64 or complex128 (one 2-D matrix, any sparse layout); 1 <= k < n.
-        A matrix that is not symmetric (Hermitian) beyond rounding is refused (NOT_HERMITIAN). ARPACK that does not
-        converge is INTERNAL with scipy's message. Iterative: bounded by the caller's deadline, checked at every
-        matrix product.
+        """k eigenvalues and eigenvectors of a real symmetric or complex Hermitian sparse matrix, or of the
+        generalised problem a v = w m v (scipy.sparse.linalg.eigsh, its arguments and modes).
+        The smallest (which SA; SM where a >= 0; sigma at or below the spectrum with which LM or LA) come from LOBPCG
+        preconditioned by one algebraic-multigrid V-cycle (scipy's lobpcg driver over our parallel SpMV; the hierarchy
+        kept with a held matrix): a few dozen block iterations whatever n, where ARPACK needs thousands of products or a
+        factorization. LOBPCG stops when every pair has norm(a v - w m v) <= tol (norm(a) + |w| norm(m)) norm(v)
+        (Gershgorin's bounds of the norms; tol 0: eps^(2/3) of a's dtype, 4e-11 in float64); a pair that misses it,
+        and every other part of the spectrum, is ARPACK's (implicitly restarted Lanczos over our SpMV).
+        With sigma, shift-invert mode (mode normal, buckling or cayley, as scipy's): the eigenvalues nearest sigma,
+        through a SuperLU factorization of a - sigma m (a - sigma I without m) made once per held matrix and shift and
+        kept with it (its bytes charged to a's handle), so a second call solves at once. With m and no sigma, ARPACK's
+        mode 2 on a kept factorization of m (m must be positive definite).
+        a and m are float32, float64, complex64 or complex128 (one 2-D matrix each, any sparse layout); 1 <= k < n
+        (n - 1 for a complex a, as scipy's eigs). A matrix that is not symmetric (Hermitian) beyond rounding is refused
+        (NOT_HERMITIAN); a - sigma m exactly singular is SINGULAR. ARPACK, or solver 'lobpcg', that does not converge
+        within maxiter is INTERNAL (NOT_CONVERGED). Iterative: bounded by the caller's deadline, checked at every matrix
+        product, solve and V-cycle.
 
         Arguments:
             a (tensor; layouts coo, csr, csc, bsr, bsc): The symmetric (Hermitian) matrix [n, n].
             k (int; default 6): How many eigenvalues (1 <= k < n).
             which (string; default 'LM'): Which k: LM, SM, LA, SA or BE (of the shifted problem with sigma).
             sigma (float; default None): Shift for shift-invert mode (finite); none: plain mode.
-            tol (float; default 0.0): Relative accuracy of the eigenvalues (0: machine precision).
+            tol (float; default 0.0): Relative accuracy of the eigenvalues (0: machine precision for ARPACK,
+                eps^(2/3) of the residual for LOBPCG).
+            m (tensor; layouts coo, csr, csc, bsr, bsc; default None): The generalised problem's m [n, n]
+                (symmetric, positive definite without sigma): a v = w m v; none: the standard problem.
+            mode (string; default 'normal'): With sigma: normal, buckling or cayley (scipy's shift-invert
+                modes); without sigma it is not used, as scipy's.
+            v0 (tensor; layouts dense; default None): Starting vector [n] (ARPACK's; LOBPCG's first column);
+                none: drawn from seed.
+            ncv (int?; default None): ARPACK's Lanczos vectors, k < ncv <= n; none: scipy's max(2k + 1, 20).
+            maxiter (int?; default None): ARPACK's restarts (none: 10 n) or LOBPCG's iterations (none: 200).
+            seed (int?; default None): Seed of the random start (numpy default_rng, drawn as scipy's eigsh
+                draws from its rng); none: a fixed one, so a call answers the same every time.
+            solver (string; default 'auto'): auto (LOBPCG for the bottom, else ARPACK), arpack, or lobpcg
+                (the bottom only; refused where the bounds do not show the k asked are the smallest).
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -1901,11 +2752,140 @@ class AsyncClientOps:
         Returns:
             A tuple, in this order:
             w (dense): The k eigenvalues [k], ascending (real).
-            v (dense): Their eigenvectors as columns [n, k] (unit norm; each up to sign/phase).
+            v (dense): Their eigenvectors as columns [n, k] (unit norm, m-orthonormal with m; each up to
+                sign/phase).
         """
         return await self.call("eigsh", a=a, keep=keep, request_id=request_id, progress=progress,
                                **_changed(k=(k, 6), which=(which, 'LM'), sigma=(sigma, None),
-                                          tol=(tol, 0.0)))
+                                          tol=(tol, 0.0), m=(m, None), mode=(mode, 'normal'),
+                                          v0=(v0, None), ncv=(ncv, None), maxiter=(maxiter, None),
+                                          seed=(seed, None), solver=(solver, 'auto')))
+
+    @_op
+    async def ewise_add(self, a: TensorLike, b: TensorLike,
+                        binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] = 'plus',
+                        mask: TensorLike | None = None, mask_structure: bool = False,
+                        mask_complement: bool = False,
+                        accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                        replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                        request_id: str | None = None) -> Tensor:
+        """Element-wise union: python-graphblas's ``a.ewise_add(b, op)``.
+
+        Where both hold an entry, ``op(a, b)``; where one does, its value as it is. ``op`` is a binary op
+        (or monoid) by python-graphblas's name.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first operand, a vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second operand, of a's shape.
+            binary_op (string; default 'plus'): The binary op, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("ewise_add", a=a, b=b, keep=keep, request_id=request_id,
+                               **_changed(binary_op=(binary_op, 'plus'), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
+    async def ewise_mult(self, a: TensorLike, b: TensorLike,
+                         binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] = 'times',
+                         mask: TensorLike | None = None, mask_structure: bool = False,
+                         mask_complement: bool = False,
+                         accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                         replace: bool = False, out: TensorLike | None = None, *,
+                         keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Element-wise intersection: python-graphblas's ``a.ewise_mult(b, op)``.
+
+        Entries only where both hold one, ``op(a, b)`` there.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first operand, a vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second operand, of a's shape.
+            binary_op (string; default 'times'): The binary op, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("ewise_mult", a=a, b=b, keep=keep, request_id=request_id,
+                               **_changed(binary_op=(binary_op, 'times'), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
+    async def ewise_union(self, a: TensorLike, b: TensorLike,
+                          binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'],
+                          left_default: Scalar, right_default: Scalar,
+                          mask: TensorLike | None = None, mask_structure: bool = False,
+                          mask_complement: bool = False,
+                          accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                          replace: bool = False, out: TensorLike | None = None, *,
+                          keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Element-wise union with defaults: python-graphblas's ``a.ewise_union(b, op, left_default, right_default)``.
+
+        Where both hold an entry, ``op(a, b)``; where only ``a`` does, ``op(a, right_default)``; where
+        only ``b`` does, ``op(left_default, b)``.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first operand, a vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second operand, of a's shape.
+            binary_op (string): The binary op, by python-graphblas's name.
+            left_default (scalar): a's value where only b holds an entry.
+            right_default (scalar): b's value where only a holds an entry.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("ewise_union", a=a, b=b, binary_op=binary_op,
+                               left_default=left_default, right_default=right_default, keep=keep,
+                               request_id=request_id,
+                               **_changed(mask=(mask, None), mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
 
     @_op
     async def expand_dims(self, sp_input: TensorLike, axis: int, *, keep: bool = False,
@@ -1929,6 +2909,46 @@ class AsyncClientOps:
         """
         return await self.call("expand_dims", sp_input=sp_input, axis=axis, keep=keep,
                                request_id=request_id)
+
+    @_op
+    async def extract(self, a: TensorLike, rows: IntList | None = None, cols: IntList | None = None,
+                      mask: TensorLike | None = None, mask_structure: bool = False,
+                      mask_complement: bool = False,
+                      accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                      replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                      request_id: str | None = None) -> Tensor:
+        """A submatrix or subvector: python-graphblas's ``a[rows, cols]`` (``v[rows]``).
+
+        ``rows`` and ``cols`` list indices (repeats allowed, negative ones from the end as in Python);
+        null takes every index. The result is a matrix [len(rows), len(cols)] (a vector [len(rows)]).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            rows (int_list; default None): The rows (a vector's indices); null for all.
+            cols (int_list; default None): The columns; null for all.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("extract", a=a, keep=keep, request_id=request_id,
+                               **_changed(rows=(rows, None), cols=(cols, None), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
 
     @_op
     async def eye(self, num_rows: int, num_columns: int | None = None,
@@ -2024,10 +3044,55 @@ class AsyncClientOps:
                                **_changed(sparse_dim=(sparse_dim, None)))
 
     @_op
+    async def gb_select(self, a: TensorLike,
+                        operator: Literal['colgt', 'colle', 'diag', 'indexgt', 'indexle', 'offdiag', 'rowgt', 'rowle', 'tril', 'triu', 'valueeq', 'valuege', 'valuegt', 'valuele', 'valuelt', 'valuene'],
+                        thunk: Scalar | None = None, mask: TensorLike | None = None,
+                        mask_structure: bool = False, mask_complement: bool = False,
+                        accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                        replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                        request_id: str | None = None) -> Tensor:
+        """The entries an index-unary predicate keeps: python-graphblas's ``a.select(op, thunk)``.
+
+        ``tril``, ``triu``, ``diag``, ``offdiag`` (thunk: the diagonal), ``rowle``, ``rowgt``, ``colle``,
+        ``colgt`` (thunk: a row or column), ``valueeq`` ... ``valuele`` (thunk: the value compared).
+        Named ``gb_select`` because ``select`` is torch's.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            operator (string): The select op, by python-graphblas's name.
+            thunk (scalar; default None): The op's thunk (python-graphblas's default when null).
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix or vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("gb_select", a=a, operator=operator, keep=keep,
+                               request_id=request_id,
+                               **_changed(thunk=(thunk, None), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
     async def gmres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                     rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                    preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', restart: int = 20,
-                    *, keep: bool = False, request_id: str | None = None,
+                    preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none',
+                    restart: int = 20, m: TensorLike | None = None, x0_mb: bool = False,
+                    amg_options: dict[str, Any] | None = None, *, keep: bool = False,
+                    request_id: str | None = None,
                     progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Restarted GMRES for a general square A (scipy.sparse.linalg.gmres with callback_type
         'pr_norm', its driver run over our SpMV and preconditioner): maxiter counts restart cycles, as
@@ -2037,8 +3102,15 @@ class AsyncClientOps:
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -2051,8 +3123,13 @@ class AsyncClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b)).
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
             restart (int; default 20): Inner iterations between restarts.
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -2070,7 +3147,8 @@ class AsyncClientOps:
                                **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                           maxiter=(maxiter, None),
                                           preconditioner=(preconditioner, 'none'),
-                                          restart=(restart, 20)))
+                                          restart=(restart, 20), m=(m, None), x0_mb=(x0_mb, False),
+                                          amg_options=(amg_options, None)))
 
     @_op
     async def hspmm(self, mat1: TensorLike, mat2: TensorLike, *, keep: bool = False,
@@ -2124,6 +3202,65 @@ class AsyncClientOps:
         """
         return await self.call("index_select", input=input, dim=dim, index=index, keep=keep,
                                request_id=request_id)
+
+    @_op
+    async def isequal(self, a: TensorLike, b: TensorLike, check_dtype: bool = False, *,
+                      keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Whether two vectors or matrices are equal: python-graphblas's ``a.isequal(b, check_dtype=...)``.
+
+        Equal shape, equal pattern, equal values; with ``check_dtype`` equal dtypes too. Tensors of
+        different shapes or ranks are not equal (false, not an error).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The first vector or matrix.
+            b (tensor; layouts coo, csr, csc, dense): The second.
+            check_dtype (bool; default False): Unequal dtypes make them unequal.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (dense): The answer (a 0-d bool array).
+        """
+        return await self.call("isequal", a=a, b=b, keep=keep, request_id=request_id,
+                               **_changed(check_dtype=(check_dtype, False)))
+
+    @_op
+    async def kronecker(self, a: TensorLike, b: TensorLike,
+                        binary_op: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] = 'times',
+                        mask: TensorLike | None = None, mask_structure: bool = False,
+                        mask_complement: bool = False,
+                        accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                        replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                        request_id: str | None = None) -> Tensor:
+        """The Kronecker product under a binary op: python-graphblas's ``a.kronecker(b, op)``, [m1 m2, n1 n2].
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The left matrix [m1, n1].
+            b (tensor; layouts coo, csr, csc, dense): The right matrix [m2, n2].
+            binary_op (string; default 'times'): The binary op, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix written (CSR): the expression, or out updated.
+        """
+        return await self.call("kronecker", a=a, b=b, keep=keep, request_id=request_id,
+                               **_changed(binary_op=(binary_op, 'times'), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
 
     @_op
     async def log_softmax(self, sp_input: TensorLike, axis: int = -1, *, keep: bool = False,
@@ -2285,19 +3422,31 @@ class AsyncClientOps:
     @_op
     async def minres(self, a: TensorLike, b: TensorLike, x0: TensorLike | None = None,
                      rtol: float = 1e-05, atol: float = 0.0, maxiter: int | None = None,
-                     preconditioner: Literal['none', 'jacobi', 'ilu0'] = 'none', *,
+                     preconditioner: Literal['none', 'jacobi', 'ilu0', 'amg'] = 'none',
+                     shift: float = 0.0, check: bool = False, m: TensorLike | None = None,
+                     x0_mb: bool = False, amg_options: dict[str, Any] | None = None, *,
                      keep: bool = False, request_id: str | None = None,
                      progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """MINRES for a symmetric (possibly indefinite) A (scipy.sparse.linalg.minres, its driver run
         over our SpMV and preconditioner, which must be symmetric positive definite for the method's
         guarantees): scipy's own stopping rule on rtol (scipy's minres has no atol: a nonzero atol is
-        INVALID_ARGUMENT), maxiter 5 n by default as scipy. a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
+        INVALID_ARGUMENT), maxiter 5 n by default as scipy. shift solves (A - shift I) x = b, as scipy's
+        (residual_norm is then that system's); check=true first tests A and M for symmetry, as scipy's.
+        What scipy's driver finds in the values (A or M not symmetric, M indefinite) is INVALID_ARGUMENT
+        (NOT_HERMITIAN, INDEFINITE_PRECONDITIONER). a is any square 2-D sparse layout (COO, CSR, CSC, BSR, BSC), sent or held by a handle;
         b is a dense vector [n], or a block [n, k] whose columns are solved one after another (x, info,
         iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
         by default). Real values only: float32 stays float32 when a and b are both float32, every other real
         dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-        'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-        the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+        'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+        of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+        aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+        for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+        handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+        matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+        named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+        from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+        first iteration with info 0, as scipy's. info is scipy's: 0
         converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
         residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
         or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -2310,7 +3459,14 @@ class AsyncClientOps:
             rtol (float; default 1e-05): Relative tolerance.
             atol (float; default 0.0): Must be 0: scipy's minres has no absolute tolerance.
             maxiter (int?; default None): Iteration limit (null: 10 n, as scipy).
-            preconditioner (string; default 'none'): 'none', 'jacobi' or 'ilu0'.
+            preconditioner (string; default 'none'): 'none', 'jacobi', 'ilu0' or 'amg'.
+            shift (float; default 0.0): Solve (A - shift I) x = b.
+            check (bool; default False): Test A and M for symmetry first (scipy's check).
+            m (tensor; layouts coo, csr, csc, bsr, bsc, dense; default None): scipy's M as a matrix [n, n],
+                applied as M @ r (null: the preconditioner's).
+            x0_mb (bool; default False): Start from M @ b, scipy's x0='Mb' (x0 must be null).
+            amg_options (options; default None): pyamg's smoothed-aggregation options for preconditioner
+                'amg' (null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -2327,7 +3483,9 @@ class AsyncClientOps:
                                progress=progress,
                                **_changed(x0=(x0, None), rtol=(rtol, 1e-05), atol=(atol, 0.0),
                                           maxiter=(maxiter, None),
-                                          preconditioner=(preconditioner, 'none')))
+                                          preconditioner=(preconditioner, 'none'),
+                                          shift=(shift, 0.0), check=(check, False), m=(m, None),
+                                          x0_mb=(x0_mb, False), amg_options=(amg_options, None)))
 
     @_op
     async def mm(self, mat1: TensorLike, mat2: TensorLike,
@@ -2415,6 +3573,149 @@ class AsyncClientOps:
         return await self.call("multiply", a=a, b=b, keep=keep, request_id=request_id)
 
     @_op
+    async def mxm(self, a: TensorLike, b: TensorLike,
+                  semiring: Literal['any_cdiv', 'any_eq', 'any_first', 'any_firsti', 'any_firsti1', 'any_firstj', 'any_firstj1', 'any_floordiv', 'any_ge', 'any_gt', 'any_iseq', 'any_isge', 'any_isgt', 'any_isle', 'any_islt', 'any_isne', 'any_land', 'any_le', 'any_lor', 'any_lt', 'any_lxor', 'any_max', 'any_min', 'any_minus', 'any_ne', 'any_pair', 'any_plus', 'any_rdiv', 'any_rfloordiv', 'any_rminus', 'any_rtruediv', 'any_second', 'any_secondi', 'any_secondi1', 'any_secondj', 'any_secondj1', 'any_times', 'any_truediv', 'band_band', 'band_bor', 'band_bxnor', 'band_bxor', 'bor_band', 'bor_bor', 'bor_bxnor', 'bor_bxor', 'bxnor_band', 'bxnor_bor', 'bxnor_bxnor', 'bxnor_bxor', 'bxor_band', 'bxor_bor', 'bxor_bxnor', 'bxor_bxor', 'eq_eq', 'eq_first', 'eq_ge', 'eq_gt', 'eq_land', 'eq_le', 'eq_lor', 'eq_lt', 'eq_lxor', 'eq_ne', 'eq_pair', 'eq_second', 'land_eq', 'land_first', 'land_ge', 'land_gt', 'land_land', 'land_le', 'land_lor', 'land_lt', 'land_lxor', 'land_ne', 'land_pair', 'land_second', 'lor_eq', 'lor_first', 'lor_ge', 'lor_gt', 'lor_land', 'lor_le', 'lor_lor', 'lor_lt', 'lor_lxor', 'lor_ne', 'lor_pair', 'lor_second', 'lxnor_lor', 'lxor_eq', 'lxor_first', 'lxor_ge', 'lxor_gt', 'lxor_land', 'lxor_le', 'lxor_lor', 'lxor_lt', 'lxor_lxor', 'lxor_ne', 'lxor_pair', 'lxor_second', 'max_absfirst', 'max_abssecond', 'max_cdiv', 'max_first', 'max_firsti', 'max_firsti1', 'max_firstj', 'max_firstj1', 'max_floordiv', 'max_iseq', 'max_isge', 'max_isgt', 'max_isle', 'max_islt', 'max_isne', 'max_land', 'max_lor', 'max_lxor', 'max_max', 'max_min', 'max_minus', 'max_pair', 'max_plus', 'max_rdiv', 'max_rfloordiv', 'max_rminus', 'max_rtruediv', 'max_second', 'max_secondi', 'max_secondi1', 'max_secondj', 'max_secondj1', 'max_times', 'max_truediv', 'min_cdiv', 'min_first', 'min_firsti', 'min_firsti1', 'min_firstj', 'min_firstj1', 'min_floordiv', 'min_iseq', 'min_isge', 'min_isgt', 'min_isle', 'min_islt', 'min_isne', 'min_land', 'min_lor', 'min_lxor', 'min_max', 'min_min', 'min_minus', 'min_pair', 'min_plus', 'min_rdiv', 'min_rfloordiv', 'min_rminus', 'min_rtruediv', 'min_second', 'min_secondi', 'min_secondi1', 'min_secondj', 'min_secondj1', 'min_times', 'min_truediv', 'plus_absfirst', 'plus_abssecond', 'plus_cdiv', 'plus_first', 'plus_firsti', 'plus_firsti1', 'plus_firstj', 'plus_firstj1', 'plus_floordiv', 'plus_iseq', 'plus_isge', 'plus_isgt', 'plus_isle', 'plus_islt', 'plus_isne', 'plus_land', 'plus_lor', 'plus_lxor', 'plus_max', 'plus_min', 'plus_minus', 'plus_pair', 'plus_plus', 'plus_pow', 'plus_rdiv', 'plus_rfloordiv', 'plus_rminus', 'plus_rpow', 'plus_rtruediv', 'plus_second', 'plus_secondi', 'plus_secondi1', 'plus_secondj', 'plus_secondj1', 'plus_times', 'plus_truediv', 'times_cdiv', 'times_first', 'times_firsti', 'times_firsti1', 'times_firstj', 'times_firstj1', 'times_floordiv', 'times_iseq', 'times_isge', 'times_isgt', 'times_isle', 'times_islt', 'times_isne', 'times_land', 'times_lor', 'times_lxor', 'times_max', 'times_min', 'times_minus', 'times_pair', 'times_plus', 'times_rdiv', 'times_rfloordiv', 'times_rminus', 'times_rtruediv', 'times_second', 'times_secondi', 'times_secondi1', 'times_secondj', 'times_secondj1', 'times_times', 'times_truediv'] = 'plus_times',
+                  transpose_a: bool = False, transpose_b: bool = False,
+                  mask: TensorLike | None = None, mask_structure: bool = False,
+                  mask_complement: bool = False,
+                  accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                  replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                  request_id: str | None = None) -> Tensor:
+        """Matrix-matrix product over a semiring: python-graphblas's ``a.mxm(b, semiring)``.
+
+        ``semiring`` is python-graphblas's name (``plus_times``, ``min_plus``, ``any_pair``, ``lor_land``,
+        ``any_secondi`` ...); ``transpose_a``/``transpose_b`` multiply ``a.T``/``b.T``. Mixed dtypes unify
+        as python-graphblas unifies them. Takes the output controls (``mask``, ``accum``, ``out`` ...):
+        a masked product computes only the entries the mask lets through.
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The left matrix [m, k].
+            b (tensor; layouts coo, csr, csc, dense): The right matrix [k, n].
+            semiring (string; default 'plus_times'): The semiring, by python-graphblas's name.
+            transpose_a (bool; default False): Multiply a.T.
+            transpose_b (bool; default False): Multiply b.T.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The matrix written (CSR): the expression, or out updated.
+        """
+        return await self.call("mxm", a=a, b=b, keep=keep, request_id=request_id,
+                               **_changed(semiring=(semiring, 'plus_times'),
+                                          transpose_a=(transpose_a, False),
+                                          transpose_b=(transpose_b, False), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
+    async def mxv(self, a: TensorLike, v: TensorLike,
+                  semiring: Literal['any_cdiv', 'any_eq', 'any_first', 'any_firsti', 'any_firsti1', 'any_firstj', 'any_firstj1', 'any_floordiv', 'any_ge', 'any_gt', 'any_iseq', 'any_isge', 'any_isgt', 'any_isle', 'any_islt', 'any_isne', 'any_land', 'any_le', 'any_lor', 'any_lt', 'any_lxor', 'any_max', 'any_min', 'any_minus', 'any_ne', 'any_pair', 'any_plus', 'any_rdiv', 'any_rfloordiv', 'any_rminus', 'any_rtruediv', 'any_second', 'any_secondi', 'any_secondi1', 'any_secondj', 'any_secondj1', 'any_times', 'any_truediv', 'band_band', 'band_bor', 'band_bxnor', 'band_bxor', 'bor_band', 'bor_bor', 'bor_bxnor', 'bor_bxor', 'bxnor_band', 'bxnor_bor', 'bxnor_bxnor', 'bxnor_bxor', 'bxor_band', 'bxor_bor', 'bxor_bxnor', 'bxor_bxor', 'eq_eq', 'eq_first', 'eq_ge', 'eq_gt', 'eq_land', 'eq_le', 'eq_lor', 'eq_lt', 'eq_lxor', 'eq_ne', 'eq_pair', 'eq_second', 'land_eq', 'land_first', 'land_ge', 'land_gt', 'land_land', 'land_le', 'land_lor', 'land_lt', 'land_lxor', 'land_ne', 'land_pair', 'land_second', 'lor_eq', 'lor_first', 'lor_ge', 'lor_gt', 'lor_land', 'lor_le', 'lor_lor', 'lor_lt', 'lor_lxor', 'lor_ne', 'lor_pair', 'lor_second', 'lxnor_lor', 'lxor_eq', 'lxor_first', 'lxor_ge', 'lxor_gt', 'lxor_land', 'lxor_le', 'lxor_lor', 'lxor_lt', 'lxor_lxor', 'lxor_ne', 'lxor_pair', 'lxor_second', 'max_absfirst', 'max_abssecond', 'max_cdiv', 'max_first', 'max_firsti', 'max_firsti1', 'max_firstj', 'max_firstj1', 'max_floordiv', 'max_iseq', 'max_isge', 'max_isgt', 'max_isle', 'max_islt', 'max_isne', 'max_land', 'max_lor', 'max_lxor', 'max_max', 'max_min', 'max_minus', 'max_pair', 'max_plus', 'max_rdiv', 'max_rfloordiv', 'max_rminus', 'max_rtruediv', 'max_second', 'max_secondi', 'max_secondi1', 'max_secondj', 'max_secondj1', 'max_times', 'max_truediv', 'min_cdiv', 'min_first', 'min_firsti', 'min_firsti1', 'min_firstj', 'min_firstj1', 'min_floordiv', 'min_iseq', 'min_isge', 'min_isgt', 'min_isle', 'min_islt', 'min_isne', 'min_land', 'min_lor', 'min_lxor', 'min_max', 'min_min', 'min_minus', 'min_pair', 'min_plus', 'min_rdiv', 'min_rfloordiv', 'min_rminus', 'min_rtruediv', 'min_second', 'min_secondi', 'min_secondi1', 'min_secondj', 'min_secondj1', 'min_times', 'min_truediv', 'plus_absfirst', 'plus_abssecond', 'plus_cdiv', 'plus_first', 'plus_firsti', 'plus_firsti1', 'plus_firstj', 'plus_firstj1', 'plus_floordiv', 'plus_iseq', 'plus_isge', 'plus_isgt', 'plus_isle', 'plus_islt', 'plus_isne', 'plus_land', 'plus_lor', 'plus_lxor', 'plus_max', 'plus_min', 'plus_minus', 'plus_pair', 'plus_plus', 'plus_pow', 'plus_rdiv', 'plus_rfloordiv', 'plus_rminus', 'plus_rpow', 'plus_rtruediv', 'plus_second', 'plus_secondi', 'plus_secondi1', 'plus_secondj', 'plus_secondj1', 'plus_times', 'plus_truediv', 'times_cdiv', 'times_first', 'times_firsti', 'times_firsti1', 'times_firstj', 'times_firstj1', 'times_floordiv', 'times_iseq', 'times_isge', 'times_isgt', 'times_isle', 'times_islt', 'times_isne', 'times_land', 'times_lor', 'times_lxor', 'times_max', 'times_min', 'times_minus', 'times_pair', 'times_plus', 'times_rdiv', 'times_rfloordiv', 'times_rminus', 'times_rtruediv', 'times_second', 'times_secondi', 'times_secondi1', 'times_secondj', 'times_secondj1', 'times_times', 'times_truediv'] = 'plus_times',
+                  transpose_a: bool = False, mask: TensorLike | None = None,
+                  mask_structure: bool = False, mask_complement: bool = False,
+                  accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                  replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                  request_id: str | None = None) -> Tensor:
+        """Matrix-vector product over a semiring: python-graphblas's ``a.mxv(v, semiring)``.
+
+        ``v`` is a rank-1 sparse tensor or a dense vector (every element stored); the result is a sparse
+        vector. ``transpose_a`` multiplies ``a.T`` (``vxm`` is the same product from the left).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The matrix [m, n].
+            v (tensor; layouts coo, csr, csc, dense): The vector [n].
+            semiring (string; default 'plus_times'): The semiring, by python-graphblas's name.
+            transpose_a (bool; default False): Multiply a.T.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("mxv", a=a, v=v, keep=keep, request_id=request_id,
+                               **_changed(semiring=(semiring, 'plus_times'),
+                                          transpose_a=(transpose_a, False), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
+    async def nvals(self, a: TensorLike, *, keep: bool = False,
+                    request_id: str | None = None) -> Tensor:
+        """The number of stored entries: python-graphblas's ``a.nvals`` (repeated COO indices count once).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (dense): The count (a 0-d int64 array).
+        """
+        return await self.call("nvals", a=a, keep=keep, request_id=request_id)
+
+    @_op
+    async def reduce_columnwise(self, a: TensorLike,
+                                monoid: Literal['any', 'band', 'bor', 'bxnor', 'bxor', 'eq', 'land', 'lor', 'lxnor', 'lxor', 'max', 'min', 'plus', 'times'] = 'plus',
+                                mask: TensorLike | None = None, mask_structure: bool = False,
+                                mask_complement: bool = False,
+                                accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                                replace: bool = False, out: TensorLike | None = None, *,
+                                keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Each column reduced by a monoid: python-graphblas's ``a.reduce_columnwise(op)``, a sparse vector [n].
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The matrix.
+            monoid (string; default 'plus'): The monoid, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("reduce_columnwise", a=a, keep=keep, request_id=request_id,
+                               **_changed(monoid=(monoid, 'plus'), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
     async def reduce_max(self, sp_input: TensorLike, axis: Axes = None, keepdims: bool = False,
                          output_is_sparse: bool = False, *, keep: bool = False,
                          request_id: str | None = None) -> Tensor:
@@ -2441,6 +3742,64 @@ class AsyncClientOps:
         return await self.call("reduce_max", sp_input=sp_input, keep=keep, request_id=request_id,
                                **_changed(axis=(axis, None), keepdims=(keepdims, False),
                                           output_is_sparse=(output_is_sparse, False)))
+
+    @_op
+    async def reduce_rowwise(self, a: TensorLike,
+                             monoid: Literal['any', 'band', 'bor', 'bxnor', 'bxor', 'eq', 'land', 'lor', 'lxnor', 'lxor', 'max', 'min', 'plus', 'times'] = 'plus',
+                             mask: TensorLike | None = None, mask_structure: bool = False,
+                             mask_complement: bool = False,
+                             accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                             replace: bool = False, out: TensorLike | None = None, *,
+                             keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Each row reduced by a monoid: python-graphblas's ``a.reduce_rowwise(op)``, a sparse vector [m]
+        (rows without entries have none).
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The matrix.
+            monoid (string; default 'plus'): The monoid, by python-graphblas's name.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("reduce_rowwise", a=a, keep=keep, request_id=request_id,
+                               **_changed(monoid=(monoid, 'plus'), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
+
+    @_op
+    async def reduce_scalar(self, a: TensorLike,
+                            monoid: Literal['any', 'band', 'bor', 'bxnor', 'bxor', 'eq', 'land', 'lor', 'lxnor', 'lxor', 'max', 'min', 'plus', 'times'] = 'plus',
+                            *, keep: bool = False, request_id: str | None = None) -> Tensor:
+        """Every entry reduced by a monoid to one scalar: python-graphblas's ``a.reduce_scalar(op)``
+        (``v.reduce(op)`` for a vector), with ``allow_empty=False``: a tensor without entries gives the
+        monoid's identity (a 0-d array can hold no "empty").
+
+        Arguments:
+            a (tensor; layouts coo, csr, csc, dense): The vector or matrix.
+            monoid (string; default 'plus'): The monoid, by python-graphblas's name.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (dense): The scalar (a 0-d array of the monoid's dtype).
+        """
+        return await self.call("reduce_scalar", a=a, keep=keep, request_id=request_id,
+                               **_changed(monoid=(monoid, 'plus')))
 
     @_op
     async def reduce_sum(self, sp_input: TensorLike, axis: Axes = None, keepdims: bool = False,
@@ -2917,18 +4276,32 @@ class AsyncClientOps:
         return await self.call("spsolve", a=a, b=b, keep=keep, request_id=request_id)
 
     @_op
-    async def svds(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM'] = 'LM', *,
-                   keep: bool = False, request_id: str | None = None,
+    async def svds(self, a: TensorLike, k: int = 6, which: Literal['LM', 'SM'] = 'LM',
+                   tol: float = 0.0, v0: TensorLike | None = None, ncv: int | None = None,
+                   maxiter: int | None = None, seed: int | None = None,
+                   solver: Literal['arpack', 'lobpcg', 'propack'] = 'arpack', *, keep: bool = False,
+                   request_id: str | None = None,
                    progress: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds with ARPACK, our parallel
-        SpMV for a @ x and a^H @ x). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or
-        complex128 [m, n], any sparse layout; 1 <= k < min(m, n). Outputs as scipy returns them: s ascending.
+        """k singular values and vectors of a sparse matrix (scipy.sparse.linalg.svds over our parallel SpMV for
+        a @ x and a^H @ x, with scipy's three solvers: 'arpack' (Lanczos on a^H a), 'lobpcg' (on a^H a; scipy's default
+        of 20 iterations unless maxiter says more) and 'propack' (Lanczos bidiagonalisation of a itself, the most
+        accurate for small singular values). which: LM (largest) or SM (smallest). a is float32, float64, complex64 or
+        complex128 [m, n], any sparse layout; 1 <= k < min(m, n) (k <= min(m, n) for propack). Outputs as scipy
+        returns them: s ascending. ARPACK that does not converge is INTERNAL (NOT_CONVERGED).
         Iterative: bounded by the caller's deadline, checked at every matrix product.
 
         Arguments:
             a (tensor; layouts coo, csr, csc, bsr, bsc): The matrix [m, n].
             k (int; default 6): How many singular values (1 <= k < min(m, n)).
             which (string; default 'LM'): LM (largest) or SM (smallest).
+            tol (float; default 0.0): Tolerance of the singular values (0: machine precision).
+            v0 (tensor; layouts dense; default None): Starting vector [min(m, n)] ([m] for propack); none:
+                drawn from seed.
+            ncv (int?; default None): ARPACK's Lanczos vectors (solver 'arpack'), k < ncv < min(m, n).
+            maxiter (int?; default None): The solver's iteration limit; none: its default.
+            seed (int?; default None): Seed of the random start (numpy default_rng, handed to scipy's svds
+                as rng); none: a fixed one.
+            solver (string; default 'arpack'): arpack, lobpcg or propack (scipy's).
             keep: leave the outputs on the server and return RemoteTensor handles.
             request_id: the id the server logs this call under (default: one it assigns).
             progress: called with each progress report (a dict: op, iteration, residual_norm) while the op
@@ -2941,7 +4314,9 @@ class AsyncClientOps:
             vt (dense): Right singular vectors as rows [k, n].
         """
         return await self.call("svds", a=a, keep=keep, request_id=request_id, progress=progress,
-                               **_changed(k=(k, 6), which=(which, 'LM')))
+                               **_changed(k=(k, 6), which=(which, 'LM'), tol=(tol, 0.0),
+                                          v0=(v0, None), ncv=(ncv, None), maxiter=(maxiter, None),
+                                          seed=(seed, None), solver=(solver, 'arpack')))
 
     @_op
     async def to_dense(self, sp_input: TensorLike, default_value: Scalar = 0,
@@ -3019,6 +4394,48 @@ class AsyncClientOps:
         """
         return await self.call("transpose", sp_input=sp_input, keep=keep, request_id=request_id,
                                **_changed(perm=(perm, None)))
+
+    @_op
+    async def vxm(self, v: TensorLike, b: TensorLike,
+                  semiring: Literal['any_cdiv', 'any_eq', 'any_first', 'any_firsti', 'any_firsti1', 'any_firstj', 'any_firstj1', 'any_floordiv', 'any_ge', 'any_gt', 'any_iseq', 'any_isge', 'any_isgt', 'any_isle', 'any_islt', 'any_isne', 'any_land', 'any_le', 'any_lor', 'any_lt', 'any_lxor', 'any_max', 'any_min', 'any_minus', 'any_ne', 'any_pair', 'any_plus', 'any_rdiv', 'any_rfloordiv', 'any_rminus', 'any_rtruediv', 'any_second', 'any_secondi', 'any_secondi1', 'any_secondj', 'any_secondj1', 'any_times', 'any_truediv', 'band_band', 'band_bor', 'band_bxnor', 'band_bxor', 'bor_band', 'bor_bor', 'bor_bxnor', 'bor_bxor', 'bxnor_band', 'bxnor_bor', 'bxnor_bxnor', 'bxnor_bxor', 'bxor_band', 'bxor_bor', 'bxor_bxnor', 'bxor_bxor', 'eq_eq', 'eq_first', 'eq_ge', 'eq_gt', 'eq_land', 'eq_le', 'eq_lor', 'eq_lt', 'eq_lxor', 'eq_ne', 'eq_pair', 'eq_second', 'land_eq', 'land_first', 'land_ge', 'land_gt', 'land_land', 'land_le', 'land_lor', 'land_lt', 'land_lxor', 'land_ne', 'land_pair', 'land_second', 'lor_eq', 'lor_first', 'lor_ge', 'lor_gt', 'lor_land', 'lor_le', 'lor_lor', 'lor_lt', 'lor_lxor', 'lor_ne', 'lor_pair', 'lor_second', 'lxnor_lor', 'lxor_eq', 'lxor_first', 'lxor_ge', 'lxor_gt', 'lxor_land', 'lxor_le', 'lxor_lor', 'lxor_lt', 'lxor_lxor', 'lxor_ne', 'lxor_pair', 'lxor_second', 'max_absfirst', 'max_abssecond', 'max_cdiv', 'max_first', 'max_firsti', 'max_firsti1', 'max_firstj', 'max_firstj1', 'max_floordiv', 'max_iseq', 'max_isge', 'max_isgt', 'max_isle', 'max_islt', 'max_isne', 'max_land', 'max_lor', 'max_lxor', 'max_max', 'max_min', 'max_minus', 'max_pair', 'max_plus', 'max_rdiv', 'max_rfloordiv', 'max_rminus', 'max_rtruediv', 'max_second', 'max_secondi', 'max_secondi1', 'max_secondj', 'max_secondj1', 'max_times', 'max_truediv', 'min_cdiv', 'min_first', 'min_firsti', 'min_firsti1', 'min_firstj', 'min_firstj1', 'min_floordiv', 'min_iseq', 'min_isge', 'min_isgt', 'min_isle', 'min_islt', 'min_isne', 'min_land', 'min_lor', 'min_lxor', 'min_max', 'min_min', 'min_minus', 'min_pair', 'min_plus', 'min_rdiv', 'min_rfloordiv', 'min_rminus', 'min_rtruediv', 'min_second', 'min_secondi', 'min_secondi1', 'min_secondj', 'min_secondj1', 'min_times', 'min_truediv', 'plus_absfirst', 'plus_abssecond', 'plus_cdiv', 'plus_first', 'plus_firsti', 'plus_firsti1', 'plus_firstj', 'plus_firstj1', 'plus_floordiv', 'plus_iseq', 'plus_isge', 'plus_isgt', 'plus_isle', 'plus_islt', 'plus_isne', 'plus_land', 'plus_lor', 'plus_lxor', 'plus_max', 'plus_min', 'plus_minus', 'plus_pair', 'plus_plus', 'plus_pow', 'plus_rdiv', 'plus_rfloordiv', 'plus_rminus', 'plus_rpow', 'plus_rtruediv', 'plus_second', 'plus_secondi', 'plus_secondi1', 'plus_secondj', 'plus_secondj1', 'plus_times', 'plus_truediv', 'times_cdiv', 'times_first', 'times_firsti', 'times_firsti1', 'times_firstj', 'times_firstj1', 'times_floordiv', 'times_iseq', 'times_isge', 'times_isgt', 'times_isle', 'times_islt', 'times_isne', 'times_land', 'times_lor', 'times_lxor', 'times_max', 'times_min', 'times_minus', 'times_pair', 'times_plus', 'times_rdiv', 'times_rfloordiv', 'times_rminus', 'times_rtruediv', 'times_second', 'times_secondi', 'times_secondi1', 'times_secondj', 'times_secondj1', 'times_times', 'times_truediv'] = 'plus_times',
+                  transpose_b: bool = False, mask: TensorLike | None = None,
+                  mask_structure: bool = False, mask_complement: bool = False,
+                  accum: Literal['absfirst', 'abssecond', 'any', 'atan2', 'band', 'bclr', 'bget', 'binom', 'bor', 'bset', 'bshift', 'bxnor', 'bxor', 'cdiv', 'cmplx', 'copysign', 'eq', 'first', 'firsti', 'firsti1', 'firstj', 'firstj1', 'floordiv', 'fmod', 'ge', 'gt', 'hypot', 'iseq', 'isge', 'isgt', 'isle', 'islt', 'isne', 'land', 'ldexp', 'le', 'lor', 'lt', 'lxnor', 'lxor', 'max', 'min', 'minus', 'ne', 'pair', 'plus', 'pow', 'rdiv', 'remainder', 'rfloordiv', 'rminus', 'rpow', 'rtruediv', 'second', 'secondi', 'secondi1', 'secondj', 'secondj1', 'times', 'truediv'] | None = None,
+                  replace: bool = False, out: TensorLike | None = None, *, keep: bool = False,
+                  request_id: str | None = None) -> Tensor:
+        """Vector-matrix product over a semiring: python-graphblas's ``v.vxm(b, semiring)``.
+
+        The product of the row vector ``v`` [m] and ``b`` [m, n] (``b.T`` with ``transpose_b``), a sparse vector [n].
+
+        Arguments:
+            v (tensor; layouts coo, csr, csc, dense): The vector [m].
+            b (tensor; layouts coo, csr, csc, dense): The matrix [m, n].
+            semiring (string; default 'plus_times'): The semiring, by python-graphblas's name.
+            transpose_b (bool; default False): Multiply b.T.
+            mask (tensor; layouts coo, csr, csc, dense; default None): Where the result is written: a tensor
+                of the result's shape (python-graphblas's mask M).
+            mask_structure (bool; default False): Use the mask's pattern (M.S) rather than its values (M.V,
+                the default).
+            mask_complement (bool; default False): Write where the mask is not (~M).
+            accum (string; default None): A binary op merging the result into out (C(accum=op) << expr);
+                needs out.
+            replace (bool; default False): Drop out's entries outside the mask (C(mask, replace=True));
+                needs out and mask.
+            out (tensor; layouts coo, csr, csc, dense; default None): An existing result C to write into:
+                C(mask, accum, replace) << expr, in C's dtype.
+            keep: leave the outputs on the server and return RemoteTensor handles.
+            request_id: the id the server logs this call under (default: one it assigns).
+
+        Returns:
+            output (sparse): The vector written (COO, rank 1): the expression, or out updated.
+        """
+        return await self.call("vxm", v=v, b=b, keep=keep, request_id=request_id,
+                               **_changed(semiring=(semiring, 'plus_times'),
+                                          transpose_b=(transpose_b, False), mask=(mask, None),
+                                          mask_structure=(mask_structure, False),
+                                          mask_complement=(mask_complement, False),
+                                          accum=(accum, None), replace=(replace, False),
+                                          out=(out, None)))
 
     @_op
     async def with_values(self, sp_input: TensorLike, new_values: TensorLike, *, keep: bool = False,

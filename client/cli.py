@@ -50,6 +50,7 @@ _EXPECTED = {
     "tensor": "@FILE.npz, a handle h-..., or a JSON array",
     "tensors": "@FILE.npz or a handle h-... (repeat --arg for each tensor of the list)",
     "scalar": "a number, or @FILE.npz or a handle of a 0-d tensor",
+    "options": 'a JSON object of named options, e.g. {"cycle":"W"}',
 }
 
 
@@ -81,6 +82,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "dense": lambda v: _is_number(v) or isinstance(v, (list, bool)),
     "tensor": lambda v: _is_number(v) or isinstance(v, (list, bool)),
     "scalar": lambda v: _is_number(v) or isinstance(v, bool),
+    "options": lambda v: v is None or isinstance(v, dict),
 }
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 

@@ -26,7 +26,7 @@ from .device import is_device_array
 from .validated import read_only_tensor, is_validated, has_read_only_arrays
 
 __all__ = ["ArgType", "SPARSE", "DENSE", "TENSOR", "TENSORS", "INT", "OPTIONAL_INT", "INT_LIST", "AXES",
-           "BOOL", "FLOAT", "SCALAR", "STRING", "INDEX", "choice", "axis_of", "axes_of", "normalize_axis",
+           "BOOL", "FLOAT", "SCALAR", "STRING", "INDEX", "choice", "options", "axis_of", "axes_of", "normalize_axis",
            "normalize_axes"]
 
 
@@ -242,6 +242,22 @@ def choice(*words: str, reason: Reason, aliases: Mapping[str, str] | None = None
 
     accepted = (*words, *sorted(aliases))
     return ArgType("string", {"type": "string", "enum": list(accepted)}, coerce, choices=accepted)
+
+
+# ------------------------------------------------------------------ options
+def options(keys: tuple[str, ...], normalize: Callable[[Any, str], Any]) -> ArgType:
+    """A JSON object of named options, or null (an OpenAPI object, a ``dict[str, Any]`` in the
+    SDK, a map on gRPC): any key outside ``keys`` is refused here, then ``normalize(value, name)``
+    checks each option's value by its own rule (the message naming the option and the rule,
+    INVALID_ARGUMENT) and returns what ``check`` receives (it is given null too)."""
+    def coerce(value: Any, name: str) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise InvalidArgumentError(f"{name} must be an object of options ({', '.join(keys)}) or null, not "
+                                       f"{value!r}", reason=Reason.BAD_ARGUMENT_TYPE)
+        return normalize(value, name)
+
+    schema = {"type": ["object", "null"], "properties": {key: {} for key in keys}, "additionalProperties": False}
+    return ArgType("options", schema, coerce)
 
 
 # ------------------------------------------------------------------ axes

@@ -20,6 +20,14 @@ A handle let go without a delete (evicted with no room on disk, expired, or a fi
 failed its check) is remembered, the last ``GONE_MAX`` of them, so that its owner's next use
 is told so (NOT_FOUND with reason EVICTED, EXPIRED or DAMAGED) rather than UNKNOWN_HANDLE;
 each is counted (``dropped``) and logged on ``sparseserve.store``.
+
+What an op keeps with a held tensor for its next calls (a matrix's multigrid hierarchy, eigsh's
+factorization of A - sigma M) is
+charged to that tensor's handle (``charge_kept``): its bytes join the handle's in the tenant's
+budget, go when the handle goes, and count when others need room. A handle's charge grows
+only while its tensor is in memory: a tensor mapped back from the disk tier has nothing kept
+with it (the op rebuilds it for each call), and what was kept goes with the tensor when it
+spills.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -43,7 +52,7 @@ from .sizes import tensor_nbytes
 from .spill import Damaged, SpillDir, file_bytes
 from .validated import validated
 
-__all__ = ["HandleStore", "new_handle", "GONE_MAX", "MAPPED_MAX"]
+__all__ = ["HandleStore", "new_handle", "charge_kept", "GONE_MAX", "MAPPED_MAX"]
 
 log = logging.getLogger("sparseserve.store")
 
@@ -68,6 +77,23 @@ class _Entry:
     file_bytes: int = 0  # its file in the disk tier (reserved while it is written); 0: none
     spilling: bool = False
     mapped: Any = None  # its file mapped back and checked, kept for the next use (MAPPED_MAX)
+
+
+# Every store of this process, for ``charge_kept`` (a server has one; tests make many).
+_STORES: "weakref.WeakSet[HandleStore]" = weakref.WeakSet()
+
+
+def charge_kept(tensor: Any, nbytes: int) -> bool:
+    """``nbytes`` an op keeps with ``tensor`` while it lives, charged to the handle holding it in
+    memory (``HandleStore.charge``). False when there is no room for them in its budgets, or when
+    the tensor is served from the disk tier: the caller then does not keep them. True, charging
+    nothing, for a read-only tensor no store holds (a pipeline's intermediate, an in-process
+    call), whose life is its call's."""
+    for store in list(_STORES):
+        charged = store.charge(tensor, nbytes)
+        if charged is not None:
+            return charged
+    return True
 
 
 # How a tensor bigger than the whole store is refused, here and by the uploads that check first.
@@ -104,6 +130,8 @@ class HandleStore:
         # Validation as at put, of a tensor mapped back from disk (the service adds its limits).
         self._check = check or partial(validated, name="tensor")
         self._writer: ThreadPoolExecutor | None = None
+        self._held: dict[int, str] = {}  # id of each tensor in memory -> its handle (``charge``)
+        _STORES.add(self)
         if spill is not None:
             expires = self._clock() + self.ttl_seconds  # a restart counts as a use
             with self._locked():
@@ -161,6 +189,7 @@ class HandleStore:
                 self._file_bytes += written
             self._entries[handle] = entry
             self._memory[handle] = None
+            self._held[id(tensor)] = handle
             self._bytes += nbytes
             self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + nbytes
         return handle, nbytes
@@ -194,6 +223,36 @@ class HandleStore:
                 while len(self._mapped) > MAPPED_MAX:
                     self._entries[self._mapped.popitem(last=False)[0]].mapped = None
         return tensor
+
+    def charge(self, tensor: Any, nbytes: int) -> bool | None:
+        """Add ``nbytes`` kept with ``tensor`` to its handle's charge, making room as a put does
+        (the tenant's other handles first, then the least recently used); False when the handle
+        and its keepings could not fit alone, or its tensor is out of memory; None when no handle
+        of this store holds ``tensor``."""
+        with self._locked():
+            handle = self._held.get(id(tensor))
+            entry = self._entries.get(handle) if handle is not None else None
+            if entry is None or entry.tensor is not tensor:
+                mapped = any(e.mapped is tensor for e in (self._entries[h] for h in self._mapped))
+                return False if mapped else None
+            if handle not in self._memory:
+                return False
+            quota = self.tenant_budget_bytes
+            total = entry.nbytes + nbytes
+            if total > self.budget_bytes or (quota and total > quota):
+                return False
+            why = f"what an op keeps with handle {handle!r} (a multigrid hierarchy, a factorization)"
+            if quota:
+                own = (h for h in list(self._memory) if h != handle and self._entries[h].tenant == entry.tenant)
+                while self._tenant_bytes.get(entry.tenant, 0) + nbytes > quota:
+                    self._evict(next(own), f"its tenant's budget (--tenant-store-bytes {quota} bytes), for {why}")
+            others = (h for h in list(self._memory) if h != handle)
+            while self._bytes + nbytes > self.budget_bytes:
+                self._evict(next(others), f"{self._limit} of {self.budget_bytes} bytes, for {why}")
+            entry.nbytes += nbytes
+            self._bytes += nbytes
+            self._tenant_bytes[entry.tenant] = self._tenant_bytes.get(entry.tenant, 0) + nbytes
+            return True
 
     def delete(self, handle: str, tenant: str = "") -> None:
         with self._locked():
@@ -270,6 +329,8 @@ class HandleStore:
 
     def _leave_memory(self, handle: str, entry: _Entry) -> None:
         del self._memory[handle]
+        if self._held.get(id(entry.tensor)) == handle:
+            del self._held[id(entry.tensor)]
         self._bytes -= entry.nbytes
         left = self._tenant_bytes[entry.tenant] - entry.nbytes
         if left:

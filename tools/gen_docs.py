@@ -97,14 +97,24 @@ def catalogue_page(catalogue: list[dict]) -> str:
 
 
 def error_table() -> str:
-    """The error classes with their code, gRPC status and HTTP status."""
+    """The error classes with their code, gRPC status, HTTP status and the Python exceptions they
+    also are (InvalidArgumentTypeError on a row of its own, with its reasons)."""
     from sparseserve.core import errors
 
-    rows = ["| SDK class (`sparseserve.errors`) | code | gRPC status | HTTP | when |", "|---|---|---|---|---|"]
+    def python(cls: type) -> str:
+        return ", ".join(f"`{base.__name__}`" for base in cls.__mro__
+                         if base.__module__ == "builtins" and base not in (Exception, BaseException, object))
+
+    rows = ["| SDK class (`sparseserve.errors`) | code | gRPC status | HTTP | also a | when |",
+            "|---|---|---|---|---|---|"]
     for cls in errors.ERROR_CLASSES:
         when = (cls.__doc__ or "").strip().splitlines()[0]
         http = _HTTP_NOTES.get(cls.code, str(cls.http_status))
-        rows.append(f"| `{cls.__name__}` | `{cls.code}` | {cls.grpc_status.name} | {http} | {when} |")
+        rows.append(f"| `{cls.__name__}` | `{cls.code}` | {cls.grpc_status.name} | {http} | {python(cls)} | {when} |")
+        if cls is errors.InvalidArgumentError:
+            sub, reasons = errors.InvalidArgumentTypeError, ", ".join(f"`{r}`" for r in sorted(errors.TYPE_REASONS))
+            rows.append(f"| `{sub.__name__}` | `{sub.code}` | {sub.grpc_status.name} | {http} | {python(sub)} | "
+                        f"An `{cls.__name__}` whose reason is {reasons}. |")
     return "\n".join(rows)
 
 

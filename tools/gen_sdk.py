@@ -56,6 +56,7 @@ _ARG_TYPES = {
     "string": "str",
     "index": "Index",
     "scalar": "Scalar",
+    "options": "dict[str, Any] | None",
 }
 
 _HEADER = '''\

@@ -573,6 +573,8 @@ def value_to_pb(v: Any) -> pb.Value:
         return pb.Value(list_value=pb.ValueList(items=[value_to_pb(x) for x in v]))
     if isinstance(v, slice):  # index arguments: [start, stop, step], None for a default
         return value_to_pb([v.start, v.stop, v.step])
+    if isinstance(v, dict):  # options arguments: string keys
+        return pb.Value(map_value=pb.ValueMap(entries={str(k): value_to_pb(x) for k, x in v.items()}))
     raise TypeError(f"cannot send a {type(v).__name__} as an argument")
 
 
@@ -587,6 +589,8 @@ def value_from_pb(msg: pb.Value, name: str) -> Any:
         return OutputRef(msg.ref)
     if kind == "list_value":
         return [value_from_pb(item, f"{name}[{i}]") for i, item in enumerate(msg.list_value.items)]
+    if kind == "map_value":
+        return {key: value_from_pb(item, f"{name}.{key}") for key, item in msg.map_value.entries.items()}
     return getattr(msg, kind)
 
 

@@ -4,15 +4,26 @@ The server raises these classes; each wire maps them to its status in one
 place (the tables below), and the SDK maps a status back to the same class,
 so a caller catches ``InvalidArgumentError`` whichever wire it speaks. Callers
 key on ``code`` and ``reason``, never on the message text.
+
+Each class is also the Python exception numpy and scipy raise for the same fault, so code
+written for them catches ours: an ``InvalidArgumentError`` is a ``ValueError``, and one whose
+reason is about an argument's type or the call's signature (``TYPE_REASONS``) is an
+``InvalidArgumentTypeError``, a ``TypeError`` too; an ``UnimplementedError`` is a
+``NotImplementedError``. The class follows from code and reason alone, so it is the same
+whether the error was raised in this process or rebuilt from either wire.
 """
 
 from __future__ import annotations
 
 import grpc
 
+from .reasons import Reason
+
 __all__ = [
     "SparseServeError",
     "InvalidArgumentError",
+    "InvalidArgumentTypeError",
+    "TYPE_REASONS",
     "NotFoundError",
     "ResourceExhaustedError",
     "UnauthenticatedError",
@@ -60,10 +71,26 @@ class SparseServeError(Exception):
         return {"error": body}
 
 
-class InvalidArgumentError(SparseServeError):
+# The reasons Python itself answers with TypeError: an argument of the wrong type, a required
+# argument missing, a keyword the call does not take.
+TYPE_REASONS = frozenset({Reason.BAD_ARGUMENT_TYPE, Reason.MISSING_ARGUMENT, Reason.UNKNOWN_ARGUMENT})
+
+
+class InvalidArgumentError(SparseServeError, ValueError):
     """A tensor breaks an invariant or an argument is out of range."""
 
     code, http_status, grpc_status = "INVALID_ARGUMENT", 400, grpc.StatusCode.INVALID_ARGUMENT
+
+    def __new__(cls, message: str = "", *, reason: str | None = None, request_id: str | None = None):
+        # Made with a type reason, it is the TypeError one: every raise and every wire agrees.
+        if cls is InvalidArgumentError and reason in TYPE_REASONS:
+            cls = InvalidArgumentTypeError
+        return super().__new__(cls, message)
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An ``InvalidArgumentError`` that is also a ``TypeError``: its reason is one of ``TYPE_REASONS``
+    (``InvalidArgumentError(message, reason=...)`` makes one for them)."""
 
 
 class NotFoundError(SparseServeError):
@@ -90,7 +117,7 @@ class PermissionDeniedError(SparseServeError):
     code, http_status, grpc_status = "PERMISSION_DENIED", 403, grpc.StatusCode.PERMISSION_DENIED
 
 
-class UnimplementedError(SparseServeError):
+class UnimplementedError(SparseServeError, NotImplementedError):
     """A layout or dtype the op does not support."""
 
     code, http_status, grpc_status = "UNIMPLEMENTED", 501, grpc.StatusCode.UNIMPLEMENTED

@@ -16,6 +16,7 @@ per-element Python loop.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -118,10 +119,14 @@ def value_to_json(v: Any) -> Any:
         return {"ref": v.ref}
     if isinstance(v, (SparseTensor, HandleRef, np.ndarray)):
         return tensor_to_json(v)
-    if isinstance(v, (np.generic, complex)):
+    if isinstance(v, (np.generic, complex)) or (isinstance(v, float) and not math.isfinite(v)):
+        # A non-finite float as a 0-d tensor, whose "Infinity" text the readers know (orjson
+        # would write null, which an argument reads as its default).
         return tensor_to_json(np.asarray(v))
     if isinstance(v, (list, tuple)):
         return [value_to_json(x) for x in v]
+    if isinstance(v, dict):  # options arguments
+        return {str(k): value_to_json(x) for k, x in v.items()}
     if isinstance(v, slice):  # index arguments: [start, stop, step], None for a default
         return [v.start, v.stop, v.step]
     return v

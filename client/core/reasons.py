@@ -133,6 +133,13 @@ class Reason(StrEnum):
     UNSUPPORTED_BATCH = auto(), UNIMPLEMENTED, "The op does not take batched operands here; it needs 2-D matrices."
     MISSING_DEPENDENCY = auto(), UNIMPLEMENTED, "The op needs a library, such as scipy, that the server lacks."
 
+    # ---- GraphBLAS operations (server/ops/graphblas.py)
+    BAD_OPERATOR = (auto(), INVALID_ARGUMENT,
+                    "A semiring, monoid, binary, unary, index-unary or select operator is not one python-graphblas "
+                    "names, or not of the kind the argument takes.")
+    OPERATOR_DTYPE = (auto(), INVALID_ARGUMENT,
+                      "The operator named is not defined for the operands' dtypes (band_bor on floats, say).")
+
     # ---- solvers, eigensolvers and factorizations
     NOT_SQUARE = auto(), INVALID_ARGUMENT, "The matrix is not square, and the op needs a square one."
     EMPTY = auto(), INVALID_ARGUMENT, "The matrix has no rows or no columns, and the op needs a non-empty one."
@@ -148,15 +155,27 @@ class Reason(StrEnum):
     K_OUT_OF_RANGE = (auto(), INVALID_ARGUMENT,
                       "k is not between 1 and the most eigenvalues or singular values ARPACK can find.")
     BAD_TOL = auto(), INVALID_ARGUMENT, "The eigensolver's tol is not a finite number >= 0."
+    BAD_MODE = (auto(), INVALID_ARGUMENT,
+                "mode names none of eigsh's shift-invert modes, or one the matrix's dtype does not take.")
+    BAD_SOLVER = (auto(), INVALID_ARGUMENT,
+                  "solver names none the op knows, or one that cannot answer what was asked of this matrix.")
+    NOT_CONVERGED = (auto(), INTERNAL,
+                     "The eigensolver did not reach its tolerance within maxiter; nothing was wrong with the input.")
     BAD_TOLERANCE = (auto(), INVALID_ARGUMENT,
-                     "rtol or atol is not a finite number >= 0, or is not allowed by the method.")
+                     "rtol or atol is not a number >= 0 (inf is one), or is not allowed by the method.")
     BAD_MAXITER = auto(), INVALID_ARGUMENT, "A solver's maxiter is below 1 (null means scipy's default, 10 n)."
     BAD_RESTART = auto(), INVALID_ARGUMENT, "gmres's restart, the inner iterations between restarts, is below 1."
     BAD_PRECONDITIONER = auto(), INVALID_ARGUMENT, "preconditioner names none the solvers know."
     SINGULAR_PRECONDITIONER = (auto(), INVALID_ARGUMENT,
                                "The preconditioner cannot be built: a zero or missing diagonal entry or pivot.")
+    INDEFINITE_PRECONDITIONER = (auto(), INVALID_ARGUMENT,
+                                 "minres's preconditioner is not symmetric positive definite, as the method needs.")
     PRECONDITIONER_NOT_PARTITIONED = (auto(), UNIMPLEMENTED,
                                       "This preconditioner is not available for a partitioned matrix.")
+    BAD_AMG_OPTION = (auto(), INVALID_ARGUMENT,
+                      "amg_options names an option, method or parameter pyamg's smoothed aggregation does not "
+                      "take here, or a value outside its rule.")
+    BAD_ACCEL = auto(), INVALID_ARGUMENT, "amg_solve's accel names no Krylov method it can accelerate with."
 
     # ---- pipelines
     EMPTY_PIPELINE = auto(), INVALID_ARGUMENT, "A pipeline has no steps."

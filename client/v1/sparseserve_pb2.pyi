@@ -121,8 +121,21 @@ class ValueList(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[Value]
     def __init__(self, items: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
 
+class ValueMap(_message.Message):
+    __slots__ = ("entries",)
+    class EntriesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.MessageMap[str, Value]
+    def __init__(self, entries: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
 class Value(_message.Message):
-    __slots__ = ("tensor", "bool_value", "int_value", "float_value", "string_value", "list_value", "null_value", "ref")
+    __slots__ = ("tensor", "bool_value", "int_value", "float_value", "string_value", "list_value", "null_value", "ref", "map_value")
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
     INT_VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +144,7 @@ class Value(_message.Message):
     LIST_VALUE_FIELD_NUMBER: _ClassVar[int]
     NULL_VALUE_FIELD_NUMBER: _ClassVar[int]
     REF_FIELD_NUMBER: _ClassVar[int]
+    MAP_VALUE_FIELD_NUMBER: _ClassVar[int]
     tensor: Tensor
     bool_value: bool
     int_value: int
@@ -139,7 +153,8 @@ class Value(_message.Message):
     list_value: ValueList
     null_value: bool
     ref: str
-    def __init__(self, tensor: _Optional[_Union[Tensor, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., string_value: _Optional[str] = ..., list_value: _Optional[_Union[ValueList, _Mapping]] = ..., null_value: _Optional[bool] = ..., ref: _Optional[str] = ...) -> None: ...
+    map_value: ValueMap
+    def __init__(self, tensor: _Optional[_Union[Tensor, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., string_value: _Optional[str] = ..., list_value: _Optional[_Union[ValueList, _Mapping]] = ..., null_value: _Optional[bool] = ..., ref: _Optional[str] = ..., map_value: _Optional[_Union[ValueMap, _Mapping]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
     __slots__ = ("op", "args", "keep")

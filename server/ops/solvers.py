@@ -20,153 +20,56 @@ tensor sent inline has them computed per call.
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
-from sparseserve.core.errors import InvalidArgumentError, UnimplementedError
+from sparseserve.core.errors import InvalidArgumentError, SparseServeError, UnimplementedError
 from sparseserve.core.tensor import SparseTensor
 from sparseserve.core.reasons import Reason
 from sparseserve.kernels import solvers as sk
 from sparseserve.kernels import frozen
 
-from ..argtypes import FLOAT, INT, OPTIONAL_INT, TENSOR, choice
+from ..argtypes import BOOL, FLOAT, INT, OPTIONAL_INT, TENSOR, choice
 from ..limits import between_iterations
 from ..metrics import SOLVER_ITERATIONS
 from ..partition import Krylov
 from ..registry import REGISTRY, Arg, Output, Plan
+from ._amg_options import AMG_OPTIONS_ARG
 from ._layouts import SPARSE_LAYOUTS
 from ._sputils import shape_of
-from .linalg import csr_arrays, matrix_dims, matrix_rep
+from .linalg import matrix_dims
+from .multigrid import hierarchy_of
+from .operator import Operator, inverse_diagonal, operator_of, solver_dtype
 
 __all__ = ["Operator", "operator_of", "inverse_diagonal", "solver_dtype", "check_system", "check_cg",
            "check_bicgstab", "check_gmres", "check_minres"]
 
-PRECONDITIONERS = ("none", "jacobi", "ilu0")
+PRECONDITIONERS = ("none", "jacobi", "ilu0", "amg")
 PRECONDITIONER = choice(*PRECONDITIONERS, reason=Reason.BAD_PRECONDITIONER)
 
 
-# ------------------------------------------------------------------ the matrix, kept with its handle
-class Operator:
-    """A square sparse matrix ready to iterate with: CSR arrays in the compute dtype (float64,
-    or float32 for a float32 matrix) and its preconditioners, made on first use."""
+# ------------------------------------------------------------------ the matrix with its multigrid hierarchy
+class _WithAmg:
+    """A kept ``Operator`` with the multigrid hierarchy of this call's ``amg_options``
+    (preconditioner 'amg', ``multigrid.hierarchy_of``): its cycle is M^-1, the rest is the
+    operator's."""
 
-    def __init__(self, csr: sk.Csr):
-        self.csr = csr
-        self.n = csr.n
-        self.dtype = csr.vals.dtype
-        self._lock = threading.Lock()
-        self._jacobi: np.ndarray | None = None
-        self._ilu0: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    def matvec(self, x: np.ndarray) -> np.ndarray:
-        y = np.empty(self.n, self.dtype)
-        sk.spmv_into(self.csr, np.ascontiguousarray(x, self.dtype), y)
-        return y
-
-    def spmv_dot(self, x: np.ndarray, y: np.ndarray) -> float:
-        """y = A @ x in place; returns x . y (a partitioned matrix's operator does the same)."""
-        return sk.spmv_dot(self.csr, x, y)
-
-    def spmv_dots(self, x: np.ndarray, y: np.ndarray, u: np.ndarray) -> tuple[float, float]:
-        """y = A @ x in place; returns (u . y, y . y)."""
-        return sk.spmv_dots(self.csr, x, y, u)
-
-    def jacobi(self) -> np.ndarray:
-        """1 / diag(A); a zero on the diagonal is refused."""
-        with self._lock:
-            if self._jacobi is None:
-                self._jacobi = inverse_diagonal(sk.diagonal(self.csr.ptr, self.csr.idx, self.csr.vals))
-            return self._jacobi
-
-    def ilu0(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(ptr, idx, lu, diag_pos) of the ILU(0) factor on A's pattern (sorted, summed)."""
-        with self._lock:
-            if self._ilu0 is None:
-                ptr, idx, vals = (frozen(v) for v in _canonical(self.csr.ptr, self.csr.idx, self.csr.vals))
-                lu, diag_pos, bad = sk.ilu0(ptr, idx, vals)
-                if bad >= 0:
-                    raise InvalidArgumentError(
-                        f"preconditioner 'ilu0' breaks down at row {bad}: its diagonal entry is missing or its "
-                        "pivot is 0 (ILU(0) needs every diagonal entry stored and nonzero pivots)",
-                        reason=Reason.SINGULAR_PRECONDITIONER)
-                self._ilu0 = (ptr, idx, frozen(lu), frozen(diag_pos))
-            return self._ilu0
+    def __init__(self, operator: Operator, hierarchy: Any):
+        self.operator, self.amg = operator, hierarchy
+        self.n, self.dtype, self.csr = operator.n, operator.dtype, operator.csr
 
     def preconditioner(self, name: str) -> Callable[[np.ndarray], np.ndarray] | None:
-        """M^-1 as a function of a vector (None for 'none')."""
-        if name == "jacobi":
-            dinv = self.jacobi()
-            return lambda r: dinv * r
-        if name == "ilu0":
-            ptr, idx, lu, diag_pos = self.ilu0()
+        return self.amg.apply if name == "amg" else self.operator.preconditioner(name)
 
-            def solve(r: np.ndarray) -> np.ndarray:
-                z = np.empty(self.n, self.dtype)
-                sk.ilu0_solve(ptr, idx, lu, diag_pos, np.ascontiguousarray(r, self.dtype), z)
-                return z
-            return solve
-        return None
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.operator, name)
 
 
-def inverse_diagonal(d: np.ndarray) -> np.ndarray:
-    """Jacobi's M^-1 from diag(A); a zero on the diagonal is refused."""
-    zero = np.flatnonzero(d == 0)
-    if zero.size:
-        raise InvalidArgumentError(f"preconditioner 'jacobi' needs a nonzero diagonal; a[{zero[0]}, {zero[0]}] "
-                                   "is 0", reason=Reason.SINGULAR_PRECONDITIONER)
-    return 1 / d
-
-
-def _canonical(ptr, idx, vals):
-    """CSR arrays with columns ascending and unrepeated in each row (repeats summed)."""
-    n = ptr.size - 1
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr.astype(np.int64)))
-    key = rows * n + idx.astype(np.int64)
-    if key.size < 2 or bool((np.diff(key) > 0).all()):
-        return ptr.astype(np.int64), idx.astype(np.int64), vals
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    starts = np.flatnonzero(np.concatenate([[True], np.diff(key) > 0]))
-    summed = np.add.reduceat(vals[order], starts)
-    new_rows = key[starts] // n
-    new_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(new_rows, minlength=n), out=new_ptr[1:])
-    return new_ptr, key[starts] % n, summed
-
-
-_KEPT: "weakref.WeakKeyDictionary[SparseTensor, dict[str, Operator]]" = weakref.WeakKeyDictionary()
-_KEPT_LOCK = threading.Lock()
-
-
-def solver_dtype(a_dtype: Any, b_dtype: Any = None) -> np.dtype:
-    """The dtype a solve runs in: float32 where the matrix (and b) are float32, else float64
-    (scipy's make_system: other real dtypes are solved in float64). Real dtypes only: the
-    check refuses complex and bool first (``check_system``)."""
-    if np.dtype(a_dtype) == np.float32 and (b_dtype is None or np.dtype(b_dtype) == np.float32):
-        return np.dtype(np.float32)
-    return np.dtype(np.float64)
-
-
-def operator_of(a: SparseTensor, dtype: Any = None) -> Operator:
-    """``a`` (a checked square 2-D sparse matrix, any layout) as an ``Operator`` in ``dtype``
-    (default: ``solver_dtype`` of a's), kept with ``a`` while it lives when ``a`` is read-only
-    (a handle)."""
-    dtype = np.dtype(dtype) if dtype is not None else solver_dtype(a.dtype)
-    held = not any(arr.flags.writeable for arr in a.arrays())
-    if held:
-        with _KEPT_LOCK:
-            kept = _KEPT.get(a, {}).get(dtype.name)
-        if kept is not None:
-            return kept
-    ptr, idx, vals = csr_arrays(matrix_rep(a))
-    operator = Operator(sk.Csr(ptr, idx, np.ascontiguousarray(vals, dtype)))
-    if held:
-        with _KEPT_LOCK:
-            _KEPT.setdefault(a, {})[dtype.name] = operator
-    return operator
+def _check_amg(op: str, preconditioner: str, amg_options) -> None:
+    if amg_options is not None and preconditioner != "amg":
+        raise InvalidArgumentError(f"amg_options is read only with preconditioner='amg' ({op} was given "
+                                   f"preconditioner={preconditioner!r})", reason=Reason.BAD_AMG_OPTION)
 
 
 # ------------------------------------------------------------------ the check the four ops share
@@ -193,9 +96,11 @@ def check_system(op: str, a, b, x0, rtol: float, atol: float, maxiter) -> Plan:
 
 
 def _check_limits(rtol: float, atol: float, maxiter: int | None) -> None:
+    # inf is scipy's too: the first test of the residual stops the solve at once (info 0).
     for name, value in (("rtol", rtol), ("atol", atol)):
-        if not (math.isfinite(value) and value >= 0):
-            raise InvalidArgumentError(f"{name} must be a finite number >= 0, not {value}", reason=Reason.BAD_TOLERANCE)
+        if not value >= 0:  # nan is no number
+            raise InvalidArgumentError(f"{name} must be a number >= 0 (inf stops at once), not {value}",
+                                       reason=Reason.BAD_TOLERANCE)
     if maxiter is not None and maxiter < 1:
         raise InvalidArgumentError(f"maxiter must be at least 1 (or null for 10 n), not {maxiter}",
                                    reason=Reason.BAD_MAXITER)
@@ -236,6 +141,84 @@ def _check_finite(op: str, b: np.ndarray, x0: np.ndarray | None) -> None:
                                        reason=Reason.NOT_FINITE)
 
 
+# ------------------------------------------------------------------ scipy's M as a matrix, x0 = 'Mb', a shift
+def _check_start_and_m(op: str, n: int, x0, x0_mb: bool, m, preconditioner: str) -> None:
+    """``x0_mb`` (scipy's ``x0='Mb'``) comes without an x0; ``m`` (scipy's ``M`` given as a matrix,
+    applied as M @ r: an approximation of A^-1) is one real [n, n] matrix, sparse or dense, given
+    instead of a named preconditioner."""
+    if x0_mb and x0 is not None:
+        raise InvalidArgumentError(f"x0_mb starts {op} from M @ b (scipy's x0='Mb'); give it or x0, not both",
+                                   reason=Reason.EXCLUSIVE_ARGUMENTS)
+    if m is None:
+        return
+    if preconditioner != "none":
+        raise InvalidArgumentError(f"m is a preconditioner (applied as M @ r, as scipy's M); give it or "
+                                   f"preconditioner={preconditioner!r}, not both", reason=Reason.EXCLUSIVE_ARGUMENTS)
+    if isinstance(m, SparseTensor):
+        batch, rows, cols = matrix_dims(m, "m", op)
+    else:
+        batch, (rows, cols) = (), (m.shape if m.ndim == 2 else (-1, -1))
+    if batch or (rows, cols) != (n, n):
+        raise InvalidArgumentError(f"m has shape {shape_of(m)}; it must be a matrix of a's shape [{n}, {n}]",
+                                   reason=Reason.SHAPE_MISMATCH)
+    if m.dtype.kind not in "iuf":
+        raise InvalidArgumentError(f"m has dtype {m.dtype}; the solvers take real numbers",
+                                   reason=Reason.UNSUPPORTED_DTYPE)
+
+
+def _m_product(m, dtype: np.dtype) -> Callable[[np.ndarray], np.ndarray] | None:
+    """r -> M @ r in the solve's dtype for a checked ``m`` (None without one); a held sparse M
+    keeps its CSR arrays as a held A does."""
+    if m is None:
+        return None
+    if isinstance(m, SparseTensor):
+        return operator_of(m, dtype).matvec
+    dense = np.ascontiguousarray(m, dtype)
+    return lambda r: dense @ r
+
+
+def _start_mb(operator: Any, b: np.ndarray, preconditioner: str, given) -> np.ndarray:
+    """scipy's x0='Mb': M @ b (each column of a block), M the preconditioner the solve applies
+    (``given``, a named one, or the identity for 'none')."""
+    if given is not None:
+        apply = given
+    elif preconditioner == "jacobi":  # a partitioned matrix's operator has jacobi() alone
+        dinv = operator.jacobi()
+        apply = lambda r: dinv * r  # noqa: E731
+    else:
+        apply = operator.preconditioner(preconditioner)
+    b = np.asarray(b, operator.dtype)
+    if apply is None:
+        return b.copy()
+    if b.ndim == 1:
+        return np.asarray(apply(b), operator.dtype)
+    return np.stack([np.asarray(apply(np.ascontiguousarray(b[:, j])), operator.dtype) for j in range(b.shape[1])],
+                    axis=1)
+
+
+class _Shifted:
+    """A - shift I, for the residual minres reports when scipy's driver solved with ``shift``
+    (the driver itself takes A and the shift, as scipy's minres does)."""
+
+    def __init__(self, operator: Operator, shift: float):
+        self.operator, self.shift = operator, shift
+        self.n, self.dtype = operator.n, operator.dtype
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        return self.operator.matvec(x) - self.dtype.type(self.shift) * x
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.operator, name)
+
+
+def _prepared(op: str, a, b, x0, dtype: np.dtype, preconditioner: str, m, x0_mb: bool, amg_options=None):
+    """(operator, x0, M @ r or None) of a checked call: b and x0 found finite, the start M @ b
+    made for x0_mb."""
+    operator = _operator(op, a, b, x0, dtype, preconditioner, amg_options)
+    given = _m_product(m, dtype)
+    return operator, (_start_mb(operator, b, preconditioner, given) if x0_mb else x0), given
+
+
 def _solve_columns(op: str, operator: Operator, b: np.ndarray, x0, solve_one) -> tuple[Any, ...]:
     """Runs ``solve_one(b, x0) -> (x, info, iterations)`` on b, or on each column of a block; adds
     the true residual norm and counts the iterations in /metrics."""
@@ -253,11 +236,26 @@ def _solve_columns(op: str, operator: Operator, b: np.ndarray, x0, solve_one) ->
         xs.append(x)
         infos.append(info)
         iterations.append(its)
-        norms.append(float(np.linalg.norm(bc - operator.matvec(x))))
+        residual = bc - operator.matvec(x)
+        norms.append(math.sqrt(sk.blocked_dot(residual, residual)))
     if b.ndim == 1:
         return xs[0], np.int64(infos[0]), np.int64(iterations[0]), np.float64(norms[0])
     return (np.stack(xs, axis=1), np.array(infos, np.int64), np.array(iterations, np.int64),
             np.array(norms, np.float64))
+
+
+def _block_solve(operator: Operator, b: np.ndarray, x0, rtol: float, atol: float, maxiter: int | None,
+                 preconditioner: str) -> tuple[Any, ...]:
+    """cg's answer to a block b [n, k]: its columns' solves run side by side (``_cg_lockstep``)."""
+    bt = np.array(b.T, dtype=operator.dtype, order="C")  # [k, n]: each vector contiguous
+    x = np.zeros_like(bt) if x0 is None else np.array(x0.T, dtype=operator.dtype, order="C")
+    x, info, iterations = _cg_lockstep(operator, bt, x, rtol, atol, maxiter, preconditioner)
+    SOLVER_ITERATIONS.add("cg", int(iterations.sum()))
+    norms = []
+    for j in range(bt.shape[0]):
+        residual = bt[j] - operator.matvec(x[j])
+        norms.append(math.sqrt(sk.blocked_dot(residual, residual)))
+    return np.ascontiguousarray(x.T), info, iterations, np.array(norms)
 
 
 # ------------------------------------------------------------------ cg: our loop, fused kernels
@@ -265,11 +263,29 @@ def _start(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: 
            maxiter: int | None) -> tuple[float, int, np.ndarray] | None:
     """scipy's opening of cg and bicgstab: the absolute tolerance max(atol, rtol * norm(b)), the
     iteration limit (10 n by default) and the first residual; None for b = 0 (x = 0 at once)."""
-    b_norm = float(np.linalg.norm(b))
+    b_norm = math.sqrt(sk.blocked_dot(b, b))  # numpy's norm is BLAS's: its last bit varies by CPU
     if b_norm == 0:
         return None
     r = b - operator.matvec(x) if x.any() else b.copy()
     return max(atol, rtol * b_norm), 10 * operator.n if maxiter is None else maxiter, r
+
+
+def _cg_preconditioning(operator: Operator, preconditioner: str) -> tuple[int, Callable[..., float]]:
+    """How cg's kernels take the preconditioner (``mode``: none, jacobi, or z given in w), and
+    ``preconditioned(r, w, rr)``: r . M^-1 r, writing z = M^-1 r into w for ilu0 and amg (rr is
+    r . r, the answer without one)."""
+    if preconditioner == "jacobi":
+        return sk.JACOBI, lambda r, dinv, rr: sk.blocked_dot(r, dinv * r)
+    if preconditioner == "ilu0":
+        ilu = operator.ilu0()
+        return sk.GIVEN, lambda r, w, rr: float(sk.ilu0_solve(ilu[0], ilu[1], ilu[2], ilu[3], r, w))
+    if preconditioner == "amg":  # one multigrid cycle writes z into w
+
+        def cycle(r: np.ndarray, w: np.ndarray, rr: float) -> float:
+            cast(_WithAmg, operator).amg.apply_into(r, w)
+            return sk.blocked_dot(r, w)
+        return sk.GIVEN, cycle
+    return sk.NONE, lambda r, w, rr: rr
 
 
 def _cg(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: float, maxiter: int | None,
@@ -282,19 +298,12 @@ def _cg(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: flo
     atol, maxiter, r = start
     p, q = np.zeros(n, operator.dtype), np.empty(n, operator.dtype)
     empty = np.zeros(0, operator.dtype)
-    if preconditioner == "jacobi":
-        mode, w = sk.JACOBI, operator.jacobi()
-    elif preconditioner == "ilu0":
-        mode, w = sk.GIVEN, np.empty(n, operator.dtype)
-        ilu = operator.ilu0()
-    else:
-        mode, w = sk.NONE, empty
-    rr = float(np.dot(r, r))
+    mode, preconditioned = _cg_preconditioning(operator, preconditioner)
+    w = operator.jacobi() if mode == sk.JACOBI else np.empty(n, operator.dtype) if mode == sk.GIVEN else empty
+    rr = sk.blocked_dot(r, r)
 
-    def preconditioned_dot() -> float:  # r . M^-1 r (z kept in w for ilu0)
-        if mode == sk.GIVEN:
-            return float(sk.ilu0_solve(ilu[0], ilu[1], ilu[2], ilu[3], r, w))
-        return float(np.dot(r, w * r)) if mode == sk.JACOBI else rr
+    def preconditioned_dot() -> float:
+        return preconditioned(r, w, rr)
 
     # numpy scalars, as scipy's: a breakdown (p . Ap = 0, a singular A) gives inf or nan and the
     # loop runs on to maxiter (info set), where Python floats would raise ZeroDivisionError.
@@ -312,6 +321,50 @@ def _cg(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: flo
     return x, maxiter, maxiter
 
 
+def _cg_lockstep(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: float, maxiter: int | None,
+                 preconditioner: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_cg`` on each vector of a block b [k, n] (starts x [k, n], updated in place), the k
+    iterations run side by side so that each SpMV reads the matrix once for all of them
+    (``spmv_dot_lockstep``): every vector's numbers, and so its x, info and iterations, are
+    ``_cg``'s alone, bit for bit. A vector leaves the block when it meets its tolerance."""
+    k, n = b.shape
+    limit = 10 * n if maxiter is None else maxiter
+    info, iterations = np.full(k, limit, np.int64), np.full(k, limit, np.int64)
+    mode, preconditioned = _cg_preconditioning(operator, preconditioner)
+    dinv = operator.jacobi() if mode == sk.JACOBI else np.zeros(0, operator.dtype)
+    p, q, r = np.zeros((k, n), operator.dtype), np.empty((k, n), operator.dtype), np.empty((k, n), operator.dtype)
+    w = np.empty((k, n), operator.dtype) if mode == sk.GIVEN else None
+    tolerance, rr, rz, rz_prev = np.zeros(k), np.zeros(k), np.zeros(k), np.ones(k)
+    live = []
+    for j in range(k):
+        start = _start(operator, b[j], x[j], rtol, atol, maxiter)
+        if start is None:  # b_j = 0: x_j = 0 at once, as scipy
+            x[j], info[j], iterations[j] = 0, 0, 0
+            continue
+        tolerance[j], _, r[j] = start
+        rr[j] = sk.blocked_dot(r[j], r[j])
+        rz[j] = preconditioned(r[j], dinv if w is None else w[j], rr[j])
+        live.append(j)
+    with np.errstate(all="ignore"):
+        for iteration in range(limit):
+            for j in [j for j in live if math.sqrt(rr[j]) < tolerance[j]]:
+                info[j], iterations[j] = 0, iteration
+                live.remove(j)
+            if not live:
+                break
+            for j in live:
+                sk.cg_direction(p[j], r[j], dinv if w is None else w[j],
+                                float(rz[j] / rz_prev[j]) if iteration else 0.0, mode)
+            pq = sk.spmv_dot_lockstep(operator.csr, p, q, np.array(live, np.int64))
+            for j in live:
+                alpha = float(rz[j] / pq[j])
+                rr[j], rz_jacobi = sk.cg_update(x[j], r[j], p[j], q[j], dinv, alpha, mode)
+                rz_prev[j] = rz[j]
+                rz[j] = rz_jacobi if mode == sk.JACOBI else preconditioned(r[j], dinv if w is None else w[j], rr[j])
+            between_iterations("cg", iteration=iteration + 1, residual_norm=math.sqrt(max(rr[j] for j in live)))
+    return x, info, iterations
+
+
 # ------------------------------------------------------------------ bicgstab: our loop, fused kernels
 def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, atol: float, maxiter: int | None,
               preconditioner: str) -> tuple[np.ndarray, int, int]:
@@ -323,11 +376,12 @@ def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, ato
         return b, 0, 0
     atol, maxiter, r = start
     breakdown = float(np.finfo(operator.dtype).eps) ** 2  # scipy's rhotol and omegatol
-    mode = {"none": sk.NONE, "jacobi": sk.JACOBI, "ilu0": sk.GIVEN}[preconditioner]
+    mode = {"none": sk.NONE, "jacobi": sk.JACOBI, "ilu0": sk.GIVEN, "amg": sk.GIVEN}[preconditioner]
     dinv = operator.jacobi() if mode == sk.JACOBI else np.zeros(0, operator.dtype)
-    ilu = operator.ilu0() if mode == sk.GIVEN else None
+    ilu = operator.ilu0() if preconditioner == "ilu0" else None
+    amg = cast(_WithAmg, operator).amg if preconditioner == "amg" else None
     v = sk.BicgVectors(x, r, mode, dinv)
-    rr = float(np.dot(r, r))
+    rr = sk.blocked_dot(r, r)
     rho, rho_prev, alpha, omega = np.float64(rr), np.float64(1.0), np.float64(0.0), np.float64(0.0)
     with np.errstate(all="ignore"):
         for iteration in range(maxiter):
@@ -343,6 +397,8 @@ def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, ato
                 v.direction(0.0, 0.0, True)
             if ilu is not None:
                 sk.ilu0_solve(*ilu, frozen(v.p), v.phat)
+            elif amg is not None:
+                amg.apply_into(v.p, v.phat)
             rv, _ = operator.spmv_dots(v.phat, v.v, v.rtilde)
             if rv == 0:
                 return x, -11, iteration
@@ -352,6 +408,8 @@ def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, ato
                 return x, 0, iteration + 1
             if ilu is not None:
                 sk.ilu0_solve(*ilu, frozen(v.r), v.shat)
+            elif amg is not None:
+                amg.apply_into(v.r, v.shat)
             ts, tt = operator.spmv_dots(v.shat, v.t, v.r)
             omega = np.float64(ts) / np.float64(tt)
             rr, rho_next = v.update(float(alpha), float(omega))
@@ -361,7 +419,9 @@ def _bicgstab(operator: Operator, b: np.ndarray, x: np.ndarray, rtol: float, ato
 
 
 # ------------------------------------------------------------------ the others: scipy's drivers
-def _scipy_solve(op: str, operator: Operator, b, x, rtol, atol, maxiter, preconditioner, **extra):
+def _scipy_solve(op: str, operator: Operator, b, x, rtol, atol, maxiter, preconditioner, given=None, **extra):
+    """scipy's ``op`` driver over our SpMV, its M the named preconditioner or ``given`` (M @ r of
+    a matrix M, ``_m_product``); ``extra`` goes to the driver."""
     try:
         from scipy.sparse import linalg as spla
     except ImportError:
@@ -369,7 +429,7 @@ def _scipy_solve(op: str, operator: Operator, b, x, rtol, atol, maxiter, precond
                                  "(pip install scipy)", reason=Reason.MISSING_DEPENDENCY) from None
     n, dtype = operator.n, operator.dtype
     a = spla.LinearOperator((n, n), matvec=operator.matvec, dtype=dtype)
-    m_solve = operator.preconditioner(preconditioner)
+    m_solve = given if given is not None else operator.preconditioner(preconditioner)
     m = None if m_solve is None else spla.LinearOperator((n, n), matvec=m_solve, dtype=dtype)
     count = [0]
     b_norm = float(np.linalg.norm(b))
@@ -387,7 +447,14 @@ def _scipy_solve(op: str, operator: Operator, b, x, rtol, atol, maxiter, precond
         kwargs["atol"] = atol
     if op == "gmres":
         kwargs["callback_type"] = "pr_norm"
-    x, info = solver(a, b, x, **kwargs)
+    try:
+        x, info = solver(a, b, x, **kwargs)
+    except SparseServeError:
+        raise
+    except ValueError as exc:  # minres's tests of the values: A or M not symmetric, M indefinite
+        reason = Reason.INDEFINITE_PRECONDITIONER if "preconditioner" in str(exc) else Reason.NOT_HERMITIAN
+        raise InvalidArgumentError(f"{op}: scipy's driver stopped on the values: {exc} ({op} needs a symmetric A "
+                                   "and a symmetric positive definite preconditioner)", reason=reason) from None
     return np.asarray(x, dtype), int(info), count[0]
 
 
@@ -401,8 +468,15 @@ b is a dense vector [n], or a block [n, k] whose columns are solved one after an
 iterations and residual_norm are then [n, k] and [k]). x0 (b's shape) is the first guess (zeros
 by default). Real values only: float32 stays float32 when a and b are both float32, every other real
 dtype is solved in float64 (as scipy does); complex and bool are INVALID_ARGUMENT. preconditioner is
-'none', 'jacobi' (diag(A)^-1) or 'ilu0' (incomplete LU with zero fill on A's pattern); for a handle
-the CSR arrays and the preconditioner are computed once and kept with it. info is scipy's: 0
+'none', 'jacobi' (diag(A)^-1), 'ilu0' (incomplete LU with zero fill on A's pattern) or 'amg' (one cycle
+of pyamg's smoothed-aggregation multigrid, amg_options as pyamg names them: symmetry, strength,
+aggregate, smooth, presmoother, postsmoother or smoother, cycle, max_levels, max_coarse, coarse_solver);
+for a handle the CSR arrays and the preconditioner (the multigrid hierarchy too, charged to the
+handle in the tenant's store budget) are computed once and kept with it. m is scipy's M given as a
+matrix (sparse, any layout, or dense [n, n]), applied as M @ r, an approximation of A^-1, instead of a
+named preconditioner (cg and bicgstab then run scipy's own loop over the two products); x0_mb starts
+from M @ b (scipy's x0='Mb'; b itself without a preconditioner). rtol or atol inf stops before the
+first iteration with info 0, as scipy's. info is scipy's: 0
 converged, > 0 the iteration count reached without converging (no error), < 0 a breakdown;
 residual_norm is norm(b - A x) of the returned x. Bad input (not square, b's shape, non-finite b
 or x0, a preconditioner name, a tolerance) is INVALID_ARGUMENT naming it; the caller's deadline is
@@ -416,8 +490,13 @@ def _args(with_atol_doc: str, extra: tuple[Arg, ...] = ()) -> list[Arg]:
             Arg("rtol", FLOAT, "Relative tolerance.", default=1e-5),
             Arg("atol", FLOAT, with_atol_doc, default=0.0),
             Arg("maxiter", OPTIONAL_INT, "Iteration limit (null: 10 n, as scipy).", default=None),
-            Arg("preconditioner", PRECONDITIONER, "'none', 'jacobi' or 'ilu0'.", default="none"),
-            *extra]
+            Arg("preconditioner", PRECONDITIONER, "'none', 'jacobi', 'ilu0' or 'amg'.", default="none"),
+            *extra,
+            Arg("m", TENSOR, "scipy's M as a matrix [n, n], applied as M @ r (null: the preconditioner's).",
+                default=None, layouts=(*SPARSE_LAYOUTS, "dense")),
+            Arg("x0_mb", BOOL, "Start from M @ b, scipy's x0='Mb' (x0 must be null).", default=False),
+            Arg("amg_options", AMG_OPTIONS_ARG, "pyamg's smoothed-aggregation options for preconditioner 'amg' "
+                "(null: pyamg's defaults); see docs/solvers.md, 'Multigrid'.", default=None)]
 
 
 _OUTPUTS = [Output("x", "dense", "The solution, b's shape."),
@@ -427,15 +506,23 @@ _OUTPUTS = [Output("x", "dense", "The solution, b's shape."),
 _ATOL = "Absolute tolerance: stop when norm(r) < max(atol, rtol * norm(b))."
 
 
-def _operator(op: str, a: SparseTensor, b: np.ndarray, x0: np.ndarray | None, dtype: np.dtype) -> Operator:
-    """A single node's operator for a checked call, once b and x0 are found finite."""
+def _operator(op: str, a: SparseTensor, b: np.ndarray, x0: np.ndarray | None, dtype: np.dtype,
+              preconditioner: str = "none", amg_options=None) -> Any:
+    """A single node's operator for a checked call, once b and x0 are found finite; with
+    preconditioner 'amg', with the matrix's kept hierarchy for ``amg_options``."""
     _check_finite(op, b, x0)
-    return operator_of(a, dtype)
+    operator = operator_of(a, dtype)
+    if preconditioner != "amg":
+        return operator
+    return _WithAmg(operator, hierarchy_of(a, dtype, amg_options))
 
 
 def check_cg(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-             preconditioner: str = "none") -> Plan:
-    return check_system("cg", a, b, x0, rtol, atol, maxiter)
+             preconditioner: str = "none", m=None, x0_mb: bool = False, amg_options=None) -> Plan:
+    plan = check_system("cg", a, b, x0, rtol, atol, maxiter)
+    _check_start_and_m("cg", b.shape[0], x0, x0_mb, m, preconditioner)
+    _check_amg("cg", preconditioner, amg_options)
+    return plan
 
 
 @REGISTRY.op(
@@ -445,18 +532,26 @@ norm(r) < max(atol, rtol * norm(b)) for the recurrence residual r, checked befor
 scipy; maxiter defaults to 10 n. With a preconditioner M the residual tested is still r (not M^-1 r).
 Each iteration is one parallel SpMV and fused vector passes. On a partitioned matrix (--dask-scheduler)
 the loop runs on the replica and each SpMV on the blocks where they are, with the single-node answer
-(preconditioner 'none' or 'jacobi'; 'ilu0' is UNIMPLEMENTED there). {_COMMON_DOC}""",
+(preconditioner 'none' or 'jacobi'; 'ilu0' and 'amg' are UNIMPLEMENTED there). {_COMMON_DOC}""",
     args=_args(_ATOL), outputs=_OUTPUTS, check=check_cg, iterative=True)
 def cg(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-       preconditioner: str = "none"):
-    operator = _operator("cg", a, b, x0, dtype)
+       preconditioner: str = "none", m=None, x0_mb: bool = False, amg_options=None):
+    operator, x0, given = _prepared("cg", a, b, x0, dtype, preconditioner, m, x0_mb, amg_options)
+    if given is not None:  # M @ r is no mode of the fused kernels: scipy's loop over the two products
+        return _solve_columns("cg", operator, b, x0, lambda bc, xc: _scipy_solve(
+            "cg", operator, bc, xc, rtol, atol, maxiter, "none", given))
+    if b.ndim == 2 and b.shape[1] > 1:
+        return _block_solve(operator, b, x0, rtol, atol, maxiter, preconditioner)
     return _solve_columns("cg", operator, b, x0,
                           lambda bc, xc: _cg(operator, bc, xc, rtol, atol, maxiter, preconditioner))
 
 
 def check_bicgstab(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-                   preconditioner: str = "none") -> Plan:
-    return check_system("bicgstab", a, b, x0, rtol, atol, maxiter)
+                   preconditioner: str = "none", m=None, x0_mb: bool = False, amg_options=None) -> Plan:
+    plan = check_system("bicgstab", a, b, x0, rtol, atol, maxiter)
+    _check_start_and_m("bicgstab", b.shape[0], x0, x0_mb, m, preconditioner)
+    _check_amg("bicgstab", preconditioner, amg_options)
+    return plan
 
 
 @REGISTRY.op(
@@ -467,8 +562,11 @@ maxiter 10 n, and its breakdown codes (info -10, -11); an iteration converging h
 On a partitioned matrix it runs as cg does there. {_COMMON_DOC}""",
     args=_args(_ATOL), outputs=_OUTPUTS, check=check_bicgstab, iterative=True)
 def bicgstab(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-             preconditioner: str = "none"):
-    operator = _operator("bicgstab", a, b, x0, dtype)
+             preconditioner: str = "none", m=None, x0_mb: bool = False, amg_options=None):
+    operator, x0, given = _prepared("bicgstab", a, b, x0, dtype, preconditioner, m, x0_mb, amg_options)
+    if given is not None:  # as cg: scipy's loop
+        return _solve_columns("bicgstab", operator, b, x0, lambda bc, xc: _scipy_solve(
+            "bicgstab", operator, bc, xc, rtol, atol, maxiter, "none", given))
     return _solve_columns("bicgstab", operator, b, x0,
                           lambda bc, xc: _bicgstab(operator, bc, xc, rtol, atol, maxiter, preconditioner))
 
@@ -480,7 +578,18 @@ def _on_blocks(op: str, loop: Callable[..., tuple[np.ndarray, int, int]]) -> Cal
     refusals and their messages are the single node's; then the same ``loop`` over the blocks'
     products (``make_operator``), so the same answer."""
     def solve(make_operator, a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0,
-              maxiter=None, preconditioner: str = "none"):
+              maxiter=None, preconditioner: str = "none", m=None, x0_mb: bool = False, amg_options=None):
+        if preconditioner == "amg":
+            raise UnimplementedError(
+                f"preconditioner 'amg' is not available for {op} on a partitioned matrix: its hierarchy is built "
+                "from the whole matrix and its Gauss-Seidel sweeps run through it, which the row blocks cannot "
+                "share out; use 'jacobi' or 'none', or put the matrix without partitions",
+                reason=Reason.PRECONDITIONER_NOT_PARTITIONED)
+        if m is not None:
+            raise UnimplementedError(
+                f"m (a preconditioner matrix) is not available for {op} on a partitioned matrix; use "
+                "preconditioner='jacobi' or 'none', or put the matrix without partitions",
+                reason=Reason.PRECONDITIONER_NOT_PARTITIONED)
         if preconditioner == "ilu0":
             raise UnimplementedError(
                 f"preconditioner 'ilu0' is not available for {op} on a partitioned matrix: its triangular "
@@ -489,6 +598,8 @@ def _on_blocks(op: str, loop: Callable[..., tuple[np.ndarray, int, int]]) -> Cal
                 reason=Reason.PRECONDITIONER_NOT_PARTITIONED)
         _check_finite(op, b, x0)
         operator = make_operator(dtype)
+        if x0_mb:
+            x0 = _start_mb(operator, b, preconditioner, None)
         return _solve_columns(op, operator, b, x0,
                               lambda bc, xc: loop(operator, bc, xc, rtol, atol, maxiter, preconditioner))
     return solve
@@ -499,8 +610,10 @@ REGISTRY.partitioned("bicgstab", Krylov(_on_blocks("bicgstab", _bicgstab)))
 
 
 def check_gmres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None, preconditioner: str = "none",
-                restart: int = 20) -> Plan:
+                restart: int = 20, m=None, x0_mb: bool = False, amg_options=None) -> Plan:
     plan = check_system("gmres", a, b, x0, rtol, atol, maxiter)
+    _check_start_and_m("gmres", b.shape[0], x0, x0_mb, m, preconditioner)
+    _check_amg("gmres", preconditioner, amg_options)
     if restart < 1:
         raise InvalidArgumentError(f"restart must be at least 1, not {restart}", reason=Reason.BAD_RESTART)
     return plan
@@ -515,18 +628,23 @@ scipy's (null: 10 n); iterations counts inner iterations; info is maxiter when n
     args=_args(_ATOL, (Arg("restart", INT, "Inner iterations between restarts.", default=20),)),
     outputs=_OUTPUTS, check=check_gmres, iterative=True)
 def gmres(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-          preconditioner: str = "none", restart: int = 20):
-    operator = _operator("gmres", a, b, x0, dtype)
+          preconditioner: str = "none", restart: int = 20, m=None, x0_mb: bool = False, amg_options=None):
+    operator, x0, given = _prepared("gmres", a, b, x0, dtype, preconditioner, m, x0_mb, amg_options)
     return _solve_columns("gmres", operator, b, x0, lambda bc, xc: _scipy_solve(
-        "gmres", operator, bc, xc, rtol, atol, maxiter, preconditioner, restart=restart))
+        "gmres", operator, bc, xc, rtol, atol, maxiter, preconditioner, given, restart=restart))
 
 
 def check_minres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-                 preconditioner: str = "none") -> Plan:
+                 preconditioner: str = "none", shift: float = 0.0, check: bool = False, m=None,
+                 x0_mb: bool = False, amg_options=None) -> Plan:
     plan = check_system("minres", a, b, x0, rtol, atol, maxiter)
+    _check_amg("minres", preconditioner, amg_options)
     if atol != 0:
         raise InvalidArgumentError(f"atol must be 0 for minres (scipy's minres stops on rtol only), not {atol}",
                                    reason=Reason.BAD_TOLERANCE)
+    if not math.isfinite(shift):
+        raise InvalidArgumentError(f"shift must be a finite number, not {shift}", reason=Reason.NOT_FINITE)
+    _check_start_and_m("minres", b.shape[0], x0, x0_mb, m, preconditioner)
     return plan
 
 
@@ -535,11 +653,19 @@ def check_minres(a, b, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=N
     doc=f"""MINRES for a symmetric (possibly indefinite) A (scipy.sparse.linalg.minres, its driver run
 over our SpMV and preconditioner, which must be symmetric positive definite for the method's
 guarantees): scipy's own stopping rule on rtol (scipy's minres has no atol: a nonzero atol is
-INVALID_ARGUMENT), maxiter 5 n by default as scipy. {_COMMON_DOC}""",
-    args=_args("Must be 0: scipy's minres has no absolute tolerance."), outputs=_OUTPUTS, check=check_minres,
-    iterative=True)
+INVALID_ARGUMENT), maxiter 5 n by default as scipy. shift solves (A - shift I) x = b, as scipy's
+(residual_norm is then that system's); check=true first tests A and M for symmetry, as scipy's.
+What scipy's driver finds in the values (A or M not symmetric, M indefinite) is INVALID_ARGUMENT
+(NOT_HERMITIAN, INDEFINITE_PRECONDITIONER). {_COMMON_DOC}""",
+    args=_args("Must be 0: scipy's minres has no absolute tolerance.", (
+        Arg("shift", FLOAT, "Solve (A - shift I) x = b.", default=0.0),
+        Arg("check", BOOL, "Test A and M for symmetry first (scipy's check).", default=False))),
+    outputs=_OUTPUTS, check=check_minres, iterative=True)
 def minres(a, b, dtype: np.dtype, x0=None, rtol: float = 1e-5, atol: float = 0.0, maxiter=None,
-           preconditioner: str = "none"):
-    operator = _operator("minres", a, b, x0, dtype)
-    return _solve_columns("minres", operator, b, x0, lambda bc, xc: _scipy_solve(
-        "minres", operator, bc, xc, rtol, atol, maxiter, preconditioner))
+           preconditioner: str = "none", shift: float = 0.0, check: bool = False, m=None, x0_mb: bool = False,
+           amg_options=None):
+    operator, x0, given = _prepared("minres", a, b, x0, dtype, preconditioner, m, x0_mb, amg_options)
+    residual_of = cast(Operator, _Shifted(operator, shift)) if shift else operator  # its matvec alone is used
+    return _solve_columns("minres", residual_of, b, x0,
+                          lambda bc, xc: _scipy_solve("minres", operator, bc, xc, rtol, atol, maxiter,
+                                                      preconditioner, given, shift=shift, check=check))

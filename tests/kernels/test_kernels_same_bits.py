@@ -5,9 +5,9 @@ block of a dot product in four interleaved lanes. Each check below holds the com
 that order computed by numpy's sequential ``add.accumulate`` (no vectorised reduction), in this
 process and in processes where numba compiles for other CPUs (``NUMBA_CPU_NAME``: ``haswell``
 for AVX2, ``skylake-avx512`` for AVX-512, each with its own cache; numpy's OpenBLAS told the
-same), and the whole ``cg`` solve of those processes to this one's, bit for bit. A kernel compiled with fastmath ``reassoc`` fails
-the row check on the random matrix here (its rows have 30 entries, which the vectoriser splits
-by its width).
+same), and the whole ``cg`` solve of those processes to this one's, bit for bit. A kernel
+compiled with fastmath ``reassoc`` fails the row check on the random matrix here (its rows have
+30 entries, which the vectoriser splits by its width).
 """
 
 from __future__ import annotations

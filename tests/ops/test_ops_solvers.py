@@ -18,6 +18,7 @@ from scipy.linalg import solve_triangular
 from sparseserve import DeadlineExceededError, InvalidArgumentError, SparseTensor
 from sparseserve.kernels import solvers as sk
 from sparseserve.server.ops.solvers import operator_of
+from sparseserve.server.validated import read_only_tensor
 from conftest import WIRES, ServerProcess, make_client, op_raises, run_op
 
 
@@ -198,13 +199,14 @@ def test_every_iteration_is_reported(op):
 
 
 def test_a_block_of_right_hand_sides_and_x0():
-    a = spd(80, seed=5)
+    """bicgstab solves a block's columns one after another (cg's block solve: test_ops_block_cg.py)."""
+    a = nonsymmetric(80, seed=5)
     rng = np.random.default_rng(3)
     b, x0 = rng.standard_normal((80, 3)), rng.standard_normal((80, 3))
-    x, info, iterations, residual = run_op("cg", a=tensor_of(a), b=b, x0=x0, preconditioner="jacobi")
+    x, info, iterations, residual = run_op("bicgstab", a=tensor_of(a), b=b, x0=x0, preconditioner="jacobi")
     assert x.shape == (80, 3) and info.tolist() == [0, 0, 0] and residual.shape == (3,)
     for j in range(3):
-        want_x, _, want_iterations = scipy_solve("cg", a, b[:, j], "jacobi", x0=x0[:, j])
+        want_x, _, want_iterations = scipy_solve("bicgstab", a, b[:, j], "jacobi", x0=x0[:, j])
         assert abs(int(iterations[j]) - want_iterations) <= 1
         np.testing.assert_allclose(x[:, j], want_x, rtol=1e-6, atol=1e-10)
 
@@ -320,3 +322,120 @@ def test_a_deadline_ends_a_long_solve_while_other_calls_are_answered(solver_serv
         x, info, _, _ = quick.cg(small, np.ones(20))  # the server goes on answering
         assert int(info) == 0
         quick.delete(h)
+
+
+# ------------------------------------------------------------------ scipy's M as a matrix, x0='Mb', inf, shift
+@pytest.mark.parametrize("form", ["dense", "csr", "coo"])
+@pytest.mark.parametrize("op,system", CASES)
+def test_a_matrix_m_is_applied_as_scipy_applies_its_m(op, system, form):
+    """scipy's M given as a matrix (M @ r): the same x and info as scipy's solver with that M (cg
+    and bicgstab then run scipy's own loop, so their iterates are scipy's too)."""
+    a = system(80, seed=5)
+    b = np.random.default_rng(6).standard_normal(80)
+    near = 0.01 * np.ones(79)  # symmetric positive definite, not diagonal: minres takes it too
+    m = sp.csr_array(sp.diags_array([near, 1 / a.diagonal(), near], offsets=[-1, 0, 1]))
+    given = m.toarray() if form == "dense" else tensor_of(m, form)
+    x, info, iterations, residual = run_op(op, a=tensor_of(a), b=b, m=given, rtol=1e-8)
+    count = [0]
+    extra = {"callback_type": "pr_norm"} if op == "gmres" else {}
+    want_x, want_info = getattr(spla, op)(a, b, M=m, rtol=1e-8, callback=lambda _: count.__setitem__(0, count[0] + 1),
+                                          **extra)
+    assert info == want_info == 0 and int(iterations) == count[0]
+    np.testing.assert_allclose(x, want_x, rtol=1e-7, atol=1e-9 * np.linalg.norm(want_x))  # sums' order apart
+    assert residual == pytest.approx(np.linalg.norm(b - a @ x), rel=1e-9)
+
+
+def test_a_dense_m_that_is_no_diagonal_and_a_held_one():
+    a = spd(60, seed=2)
+    b = np.ones(60)
+    m = np.linalg.inv(a.toarray() + 0.1 * np.eye(60))  # close to A^-1: a few iterations
+    for op in ("cg", "gmres"):
+        x, info, iterations, _ = run_op(op, a=tensor_of(a), b=b, m=m, rtol=1e-10)
+        want_x, want_info = getattr(spla, op)(a, b, M=m, rtol=1e-10)
+        assert info == want_info == 0 and int(iterations) < 10
+        np.testing.assert_allclose(x, want_x, rtol=1e-9)
+    held = read_only_tensor(tensor_of(sp.csr_array(m)))  # a handle's tensor: its CSR is kept with it
+    run_op("cg", a=tensor_of(a), b=b, m=held)
+    assert operator_of(held, np.float64) is operator_of(held, np.float64)
+
+
+@pytest.mark.parametrize("preconditioner", ["none", "jacobi", "ilu0"])
+@pytest.mark.parametrize("op,system", CASES)
+def test_x0_mb_starts_from_m_b_as_scipy(op, system, preconditioner):
+    a = system(100, seed=3)
+    b = np.random.default_rng(7).standard_normal(100)
+    x, info, iterations, _ = run_op(op, a=tensor_of(a), b=b, x0_mb=True, preconditioner=preconditioner, rtol=1e-8)
+    want_x, want_info, want_iterations = scipy_solve(op, a, b, preconditioner, x0="Mb", rtol=1e-8)
+    assert info == want_info == 0 and abs(int(iterations) - want_iterations) <= 1
+    np.testing.assert_allclose(x, want_x, rtol=1e-6, atol=1e-8 * np.linalg.norm(want_x))
+    if op != "minres":  # the start itself: rtol inf stops before the first iteration (minres runs one)
+        start, _, its, _ = run_op(op, a=tensor_of(a), b=b, x0_mb=True, preconditioner=preconditioner, rtol=np.inf)
+        m = scipy_m(a, preconditioner)
+        np.testing.assert_allclose(start, b if m is None else m.matvec(b), rtol=1e-12)
+        assert int(its) == 0
+
+
+def test_a_block_starts_from_m_b_column_by_column():
+    a = spd(50, seed=4)
+    b = np.random.default_rng(8).standard_normal((50, 3))
+    x, info, _, _ = run_op("cg", a=tensor_of(a), b=b, x0_mb=True, preconditioner="jacobi", rtol=np.inf)
+    np.testing.assert_allclose(x, b / a.diagonal()[:, None], rtol=1e-15)
+    assert (info == 0).all()
+
+
+@pytest.mark.parametrize("op", ["cg", "bicgstab", "gmres", "minres"])
+def test_an_infinite_tolerance_stops_at_once_as_scipy(op):
+    a = spd(40, seed=1)
+    b, x0 = np.ones(40), np.random.default_rng(3).standard_normal(40)
+    tolerances = [{"rtol": np.inf}] + ([] if op == "minres" else [{"atol": np.inf}, {"rtol": np.inf, "atol": np.inf}])
+    for tolerance in tolerances:
+        x, info, _, _ = run_op(op, a=tensor_of(a), b=b, x0=x0, **tolerance)
+        want_x, want_info = getattr(spla, op)(a, b, x0=x0, **tolerance)
+        assert info == want_info == 0
+        np.testing.assert_array_equal(x, want_x)
+    x, info, _, _ = run_op(op, a=tensor_of(a), b=np.zeros(40), rtol=np.inf)  # b = 0: x = 0, as scipy
+    assert info == 0 and not x.any()
+
+
+def test_minres_with_a_shift_and_scipys_check():
+    a = spd(60, seed=5)
+    b = np.random.default_rng(9).standard_normal(60)
+    x, info, _, residual = run_op("minres", a=tensor_of(a), b=b, shift=0.25, rtol=1e-10)
+    want_x, want_info = spla.minres(a, b, shift=0.25, rtol=1e-10)
+    assert info == want_info == 0
+    np.testing.assert_allclose(x, want_x, rtol=1e-9)
+    assert residual == pytest.approx(np.linalg.norm(b - (a @ x - 0.25 * x)), rel=1e-9)  # the shifted system's
+    np.testing.assert_allclose(run_op("minres", a=tensor_of(a), b=b, check=True)[0], spla.minres(a, b, check=True)[0],
+                               rtol=1e-9)
+    lopsided = sp.lil_array(a)
+    lopsided[1, 2] += 5.0
+    with pytest.raises(ValueError, match="non-symmetric matrix"):  # scipy's own test
+        spla.minres(lopsided, b, check=True)
+    err = op_raises(InvalidArgumentError, "NOT_HERMITIAN", "minres", a=tensor_of(lopsided), b=b, check=True)
+    assert "non-symmetric matrix" in err.message
+    err = op_raises(InvalidArgumentError, "INDEFINITE_PRECONDITIONER", "minres", a=tensor_of(a), b=b,
+                    m=-np.eye(60))
+    assert "indefinite preconditioner" in err.message
+
+
+@pytest.mark.parametrize("kwargs,reason,named", [
+    ({"m": np.eye(4), "preconditioner": "jacobi"}, "EXCLUSIVE_ARGUMENTS", "preconditioner='jacobi'"),
+    ({"x0": np.ones(4), "x0_mb": True}, "EXCLUSIVE_ARGUMENTS", "x0_mb"),
+    ({"m": np.eye(3)}, "SHAPE_MISMATCH", "m has shape [3, 3]"),
+    ({"m": np.ones(4)}, "SHAPE_MISMATCH", "m has shape [4]"),
+    ({"m": tensor_of(sp.eye_array(5))}, "SHAPE_MISMATCH", "m has shape [5, 5]"),
+    ({"m": np.eye(4, dtype=np.complex128)}, "UNSUPPORTED_DTYPE", "m has dtype complex128"),
+    ({"rtol": np.nan}, "BAD_TOLERANCE", "rtol"),
+    ({"atol": -np.inf}, "BAD_TOLERANCE", "atol"),
+])
+def test_refusals_of_m_x0_mb_and_tolerances(kwargs, reason, named):
+    for op in ("cg", "bicgstab", "gmres", "minres"):
+        if op == "minres" and "atol" in kwargs:
+            continue
+        err = op_raises(InvalidArgumentError, reason, op, a=tensor_of(spd(4, 0)), b=np.ones(4), **kwargs)
+        assert named in err.message, err
+        assert isinstance(err, ValueError)  # scipy-style code catches it
+
+
+def test_a_non_finite_shift_is_refused():
+    op_raises(InvalidArgumentError, "NOT_FINITE", "minres", a=tensor_of(spd(4, 0)), b=np.ones(4), shift=np.inf)

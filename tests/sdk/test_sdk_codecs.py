@@ -232,7 +232,8 @@ def test_empty_tensor_message_refused():
 
 
 def test_values_round_trip():
-    args = [None, True, 3, 2.5, "x", [1, [2, 3]], np.float32(1.5), 1 + 2j]
+    args = [None, True, 3, 2.5, "x", [1, [2, 3]], np.float32(1.5), 1 + 2j,
+            {"cycle": "W", "strength": ["symmetric", {"theta": 0.25}], "max_levels": 4, "smooth": None}]
     for v in args:
         back = value_from_pb(pb.Value.FromString(value_to_pb(v).SerializeToString()), "v")
         if isinstance(v, (np.generic, complex)):

@@ -190,6 +190,22 @@ def test_bad_input_gets_the_single_node_errors(service, dask):
     eventually(lambda: not actors(dask))
 
 
+def test_x0_mb_and_a_matrix_m_on_a_partitioned_matrix(service, dask):
+    """scipy's x0='Mb' starts from M @ b there too (the blocks' Jacobi), bit for bit the single
+    node's solve; a matrix M is refused, as ilu0 is."""
+    a = arrow(700)
+    handle = put(service, csr(a))
+    b = np.random.default_rng(5).standard_normal(700)
+    got = solve(service, "cg", a=handle, b=b, x0_mb=True, preconditioner="jacobi", rtol=1e-10)
+    want = run_op("cg", a=csr(a), b=b, x0_mb=True, preconditioner="jacobi", rtol=1e-10)
+    for name, value in zip(("x", "info", "iterations", "residual_norm"), want):
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    with pytest.raises(UnimplementedError) as err:
+        solve(service, "cg", a=handle, b=b, m=csr(sp.eye_array(700)))
+    assert err.value.reason == "PRECONDITIONER_NOT_PARTITIONED" and "m (a preconditioner matrix)" in err.value.message
+    eventually(lambda: not actors(dask))
+
+
 # ------------------------------------------------------------------ a real server
 @pytest.fixture(scope="module")
 def served(starting):

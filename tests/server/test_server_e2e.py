@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from sparseserve import (AsyncClient, InvalidArgumentError, NotFoundError, RemoteTensor,
+from sparseserve import (AsyncClient, InvalidArgumentError, InvalidArgumentTypeError, NotFoundError, RemoteTensor,
                          ResourceExhaustedError, SparseTensor, UnimplementedError)
 from sparseserve.core.dtypes import DTYPE_NAMES
 
@@ -141,7 +141,7 @@ def test_error_classes_are_the_same_on_every_wire(server, case):
     cls, reason, _ = seen.pop()
     expected = {"malformed": (InvalidArgumentError, "INDEX_OUT_OF_RANGE"),
                 "unknown-op": (NotFoundError, "UNKNOWN_OP"),
-                "unknown-arg": (InvalidArgumentError, "UNKNOWN_ARGUMENT"),
+                "unknown-arg": (InvalidArgumentTypeError, "UNKNOWN_ARGUMENT"),  # a TypeError too
                 "layout": (UnimplementedError, "UNSUPPORTED_LAYOUT"),
                 "too-large": (ResourceExhaustedError, "RESULT_TOO_LARGE"),
                 "bad-axis": (InvalidArgumentError, "AXIS_OUT_OF_RANGE")}[case]
