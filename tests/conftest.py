@@ -115,6 +115,20 @@ def _finish_warm_up() -> None:
         raise subprocess.CalledProcessError(warm_up.returncode, warm_up.args)
 
 
+# make test's two processes each take whole files, in the order collected (--no-loadscope-reorder):
+# the folders whose files run longest (scipy's own suites, one test of 45 s; a real server each,
+# Dask clusters) go first, so that the many short files fill the end and neither process is left
+# alone on a long one (xdist's own order, by number of tests, ran scipy's last, alone).
+LONG_FIRST = ("scipy", "server", "sdk")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item) -> int:
+        folder = item.path.parent.name
+        return LONG_FIRST.index(folder) if folder in LONG_FIRST else len(LONG_FIRST)
+    items.sort(key=rank)  # stable: each file's own order kept
+
+
 def pytest_collection_finish(session):
     _finish_warm_up()
     needed = not session.config.option.collectonly and any("server" in getattr(item, "fixturenames", ())
