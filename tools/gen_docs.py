@@ -42,6 +42,13 @@ def _catalogue() -> list[dict]:
     return sorted((op.describe() for op in REGISTRY), key=lambda entry: entry["name"])
 
 
+def _graphblas_names() -> set[str]:
+    """The ops server/ops/graphblas.py declares: one row of the README's table between them."""
+    from sparseserve.server.ops import REGISTRY
+
+    return {op.name for op in REGISTRY if op.check.__module__.endswith(".graphblas")}
+
+
 def _layouts(arg: dict) -> str:
     layouts = tuple(arg["layouts"])
     sparse = tuple(name for name in layouts if name != "dense")
@@ -63,13 +70,21 @@ def _escape(text: str) -> str:
 def op_table(catalogue: list[dict]) -> str:
     """The README's table: one row per op."""
     rows = ["| op | tensor arguments (layouts) | outputs | what it does |", "|---|---|---|---|"]
+    graphblas = _graphblas_names()
     for entry in catalogue:
+        if entry["name"] in graphblas:
+            continue
         outputs = ", ".join(f"{o['name']} ({o['type']})" for o in entry["outputs"])
         summary = entry["doc"].split("\n\n")[0].replace("\n", " ")
         summary = summary.split(". ")[0].rstrip(".") + "."
         if len(summary) > _SUMMARY_CHARS:  # the rest is in docs/ops.md
             summary = summary[:summary.rfind(" ", 0, _SUMMARY_CHARS)] + " …"
         rows.append(f"| `{entry['name']}` | {_tensor_args(entry)} | {outputs} | {_escape(summary)} |")
+    names = ", ".join(f"`{entry['name']}`" for entry in catalogue if entry["name"] in graphblas)
+    if names:
+        rows.append(f"| GraphBLAS: {names} | coo, csr, csc or dense; `mask`, `out` | output (sparse, or dense for a "
+                    "scalar) | python-graphblas's Matrix and Vector methods over SuiteSparse:GraphBLAS, with its "
+                    "output controls ([docs/graphs.md](docs/graphs.md)). |")
     return "\n".join(rows)
 
 
